@@ -1,0 +1,95 @@
+//! The `threads` engine: a small pool of blocking workers per IOThread, like
+//! QEMU's `aio=threads`. Completions come back through a list and an eventfd.
+
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use super::{execute_sync, Completion, Engine, IoOp};
+
+struct Job {
+    fd: RawFd,
+    op: IoOp,
+    token: u64,
+}
+
+// SAFETY: the raw iovec pointer in `op` refers to memory the submitting
+// IOThread keeps alive and unmoved until it reaps this job's completion
+// (the `Engine::submit` contract); the worker only reads it during the job.
+unsafe impl Send for Job {}
+
+struct Done {
+    list: Mutex<Vec<Completion>>,
+    efd: EventFd,
+}
+
+/// A blocking worker pool owned by one IOThread.
+pub struct PoolEngine {
+    tx: Option<Sender<Job>>,
+    done: Arc<Done>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl PoolEngine {
+    /// Starts `n` workers named `{name}-w{i}`.
+    pub fn new(name: &str, n: usize) -> io::Result<Self> {
+        let (tx, rx) = channel::<Job>();
+        let rx = Arc::new(Mutex::new(rx));
+        let done = Arc::new(Done { list: Mutex::new(Vec::new()), efd: EventFd::new(EFD_NONBLOCK)? });
+        let mut workers = Vec::new();
+        for i in 0..n {
+            let (rx, done) = (rx.clone(), done.clone());
+            workers.push(std::thread::Builder::new().name(format!("{name}-w{i}")).spawn(move || worker(rx, done))?);
+        }
+        Ok(PoolEngine { tx: Some(tx), done, workers })
+    }
+}
+
+fn worker(rx: Arc<Mutex<Receiver<Job>>>, done: Arc<Done>) {
+    loop {
+        let job = match rx.lock().unwrap().recv() {
+            Ok(j) => j,
+            Err(_) => return,
+        };
+        // SAFETY: see `unsafe impl Send for Job`.
+        let result = unsafe { execute_sync(job.fd, &job.op) };
+        done.list.lock().unwrap().push(Completion { token: job.token, result });
+        let _ = done.efd.write(1);
+    }
+}
+
+impl Engine for PoolEngine {
+    unsafe fn submit(&mut self, fd: RawFd, op: &IoOp, token: u64) -> io::Result<()> {
+        self.tx
+            .as_ref()
+            .expect("pool is running")
+            .send(Job { fd, op: *op, token })
+            .map_err(|_| io::Error::other("worker pool stopped"))
+    }
+
+    fn commit(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn reap(&mut self, out: &mut Vec<Completion>) {
+        let _ = self.done.efd.read();
+        out.append(&mut self.done.list.lock().unwrap());
+    }
+
+    fn notify_fd(&self) -> Option<RawFd> {
+        Some(self.done.efd.as_raw_fd())
+    }
+}
+
+impl Drop for PoolEngine {
+    fn drop(&mut self) {
+        self.tx = None;
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}

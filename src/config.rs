@@ -1,0 +1,472 @@
+//! The serve model: a pool of IOThreads and the exports that run on it.
+//!
+//! The TOML file (`vqblk serve --config`) and the command-line flags (the
+//! one-export shorthand) both build a [`ServeConfig`]; [`ServeConfig::validate`]
+//! checks it and names the offending field in every error.
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use crate::mapping::{Assignment, VirtqueueMap};
+
+/// Largest number of virtqueues per export (the virtio-blk `num_queues` is a u16,
+/// but one IOThread pass handles a bounded set; QEMU caps at 1024 queues).
+pub const MAX_QUEUES: u16 = 256;
+/// Largest virtqueue size we accept (split rings, like QEMU's VIRTQUEUE_MAX_SIZE).
+pub const MAX_QUEUE_SIZE: u16 = 1024;
+/// Largest IOThread pool.
+pub const MAX_IOTHREADS: usize = 256;
+
+/// A configuration error: the field (a dotted path such as `export[1].queues`)
+/// and what is wrong with its value.
+#[derive(Debug, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct ConfigError {
+    /// Dotted path of the offending field.
+    pub field: String,
+    /// What is wrong and what would be valid.
+    pub message: String,
+}
+
+impl ConfigError {
+    /// Builds an error for `field`.
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        ConfigError { field: field.into(), message: message.into() }
+    }
+}
+
+/// Which engine executes an export's requests (QEMU's `aio=` / `driver=null-co`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum BackendKind {
+    /// One io_uring per IOThread; readv/writev straight from guest memory.
+    #[value(name = "io_uring")]
+    #[serde(rename = "io_uring", alias = "io-uring")]
+    IoUring,
+    /// A small pool of blocking worker threads (QEMU `aio=threads`).
+    Threads,
+    /// Completes every request at once; reads return zeroes. Measures overhead.
+    Null,
+}
+
+/// Host page-cache use, named like QEMU's `cache=` option.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum CacheMode {
+    /// O_DIRECT: bypass the host page cache (the default, as QEMU recommends).
+    None,
+    /// Use the host page cache; guest flushes become fdatasync.
+    Writeback,
+}
+
+/// One IOThread of the pool.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct IoThreadConfig {
+    /// Index of the IOThread in the pool.
+    pub id: usize,
+    /// Host CPUs to pin the thread to, in cpuset syntax ("2", "4-5", "1,3"),
+    /// like libvirt's `<iothreadpin cpuset=...>`.
+    #[serde(default)]
+    pub cpuset: Option<String>,
+}
+
+/// The `[iothreads]` table.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct IoThreadsConfig {
+    /// Number of IOThreads in the pool.
+    #[serde(default = "one")]
+    pub count: usize,
+    /// Per-thread settings (`[[iothreads.thread]]`).
+    #[serde(default, rename = "thread")]
+    pub threads: Vec<IoThreadConfig>,
+}
+
+fn one() -> usize {
+    1
+}
+
+impl Default for IoThreadsConfig {
+    fn default() -> Self {
+        IoThreadsConfig { count: 1, threads: Vec::new() }
+    }
+}
+
+/// One `[[export]]` table: a disk served on one vhost-user socket.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ExportConfig {
+    /// Name used in logs and statistics (default: `export<N>`).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Raw image file or block device (not needed with the null backend).
+    #[serde(default)]
+    pub image: Option<PathBuf>,
+    /// Path of the vhost-user Unix socket to listen on.
+    pub socket: PathBuf,
+    /// Permission bits of the socket file (octal string, default "0600").
+    #[serde(default)]
+    pub socket_mode: Option<String>,
+    /// Number of virtqueues (virtio-blk `num_queues`).
+    #[serde(default = "one_u16")]
+    pub queues: u16,
+    /// Largest virtqueue size the frontend may choose.
+    #[serde(default = "default_queue_size")]
+    pub queue_size: u16,
+    /// IOThreads the queues are spread over round-robin (default: all).
+    #[serde(default)]
+    pub iothreads: Option<Vec<usize>>,
+    /// Explicit mapping, like QEMU's `iothread-vq-mapping`.
+    #[serde(default)]
+    pub iothread_vq_mapping: Option<Vec<Assignment>>,
+    /// Request engine.
+    #[serde(default = "default_backend")]
+    pub backend: BackendKind,
+    /// Host page-cache mode.
+    #[serde(default = "default_cache")]
+    pub cache: CacheMode,
+    /// Export read-only (virtio-blk RO feature).
+    #[serde(default)]
+    pub read_only: bool,
+    /// Serial number returned by GET_ID (at most 20 bytes).
+    #[serde(default)]
+    pub serial: Option<String>,
+    /// Size of a null export, in bytes or with a K/M/G/T suffix.
+    #[serde(default)]
+    pub size: Option<String>,
+    /// Create the image with this size if it does not exist.
+    #[serde(default)]
+    pub create: Option<String>,
+}
+
+fn one_u16() -> u16 {
+    1
+}
+fn default_queue_size() -> u16 {
+    256
+}
+fn default_backend() -> BackendKind {
+    BackendKind::IoUring
+}
+fn default_cache() -> CacheMode {
+    CacheMode::None
+}
+
+impl ExportConfig {
+    /// An export with every optional field at its default.
+    pub fn new(socket: PathBuf) -> Self {
+        ExportConfig {
+            name: None,
+            image: None,
+            socket,
+            socket_mode: None,
+            queues: 1,
+            queue_size: default_queue_size(),
+            iothreads: None,
+            iothread_vq_mapping: None,
+            backend: BackendKind::IoUring,
+            cache: CacheMode::None,
+            read_only: false,
+            serial: None,
+            size: None,
+            create: None,
+        }
+    }
+}
+
+/// The whole serve model.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ServeConfig {
+    /// The IOThread pool.
+    #[serde(default)]
+    pub iothreads: IoThreadsConfig,
+    /// The exports (`[[export]]`).
+    #[serde(default, rename = "export")]
+    pub exports: Vec<ExportConfig>,
+}
+
+/// An export after validation: everything resolved to concrete values.
+#[derive(Debug, Clone)]
+pub struct ExportPlan {
+    /// Name used in logs and statistics.
+    pub name: String,
+    /// The validated export settings.
+    pub config: ExportConfig,
+    /// Owner IOThread of every queue.
+    pub map: VirtqueueMap,
+    /// Size of a null export or of an image to create, in bytes.
+    pub size: Option<u64>,
+    /// Whether to create the image if missing.
+    pub create: Option<u64>,
+    /// Socket permission bits.
+    pub socket_mode: u32,
+}
+
+impl ServeConfig {
+    /// Parses a TOML configuration file's text.
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| {
+            let field = e
+                .span()
+                .map(|s| format!("line {}", text[..s.start].lines().count().max(1)))
+                .unwrap_or_else(|| "config".into());
+            ConfigError::new(field, e.message().to_string())
+        })
+    }
+
+    /// Checks every field and resolves the mapping of every export.
+    pub fn validate(&self) -> Result<Vec<ExportPlan>, ConfigError> {
+        let pool = self.iothreads.count;
+        if pool == 0 || pool > MAX_IOTHREADS {
+            return Err(ConfigError::new(
+                "iothreads.count",
+                format!("{pool} is out of range (1..={MAX_IOTHREADS})"),
+            ));
+        }
+        for (i, t) in self.iothreads.threads.iter().enumerate() {
+            let f = format!("iothreads.thread[{i}]");
+            if t.id >= pool {
+                return Err(ConfigError::new(
+                    format!("{f}.id"),
+                    format!("IOThread {} does not exist (count is {pool})", t.id),
+                ));
+            }
+            if let Some(c) = &t.cpuset {
+                parse_cpuset(c).map_err(|m| ConfigError::new(format!("{f}.cpuset"), m))?;
+            }
+            if self.iothreads.threads[..i].iter().any(|o| o.id == t.id) {
+                return Err(ConfigError::new(
+                    format!("{f}.id"),
+                    format!("IOThread {} is configured twice", t.id),
+                ));
+            }
+        }
+        if self.exports.is_empty() {
+            return Err(ConfigError::new("export", "no export configured (add an [[export]] table)"));
+        }
+        let mut plans = Vec::new();
+        for (i, e) in self.exports.iter().enumerate() {
+            let plan = validate_export(i, e, pool)?;
+            if plans.iter().any(|p: &ExportPlan| p.config.socket == e.socket) {
+                return Err(ConfigError::new(
+                    format!("export[{i}].socket"),
+                    format!("{} is used by another export", e.socket.display()),
+                ));
+            }
+            if plans.iter().any(|p: &ExportPlan| p.name == plan.name) {
+                return Err(ConfigError::new(
+                    format!("export[{i}].name"),
+                    format!("{:?} is used by another export", plan.name),
+                ));
+            }
+            plans.push(plan);
+        }
+        Ok(plans)
+    }
+}
+
+fn validate_export(i: usize, e: &ExportConfig, pool: usize) -> Result<ExportPlan, ConfigError> {
+    let f = |name: &str| format!("export[{i}].{name}");
+    if e.queues == 0 || e.queues > MAX_QUEUES {
+        return Err(ConfigError::new(f("queues"), format!("{} is out of range (1..={MAX_QUEUES})", e.queues)));
+    }
+    if !(2..=MAX_QUEUE_SIZE).contains(&e.queue_size) || !e.queue_size.is_power_of_two() {
+        return Err(ConfigError::new(
+            f("queue-size"),
+            format!("{} is not a power of two in 2..={MAX_QUEUE_SIZE}", e.queue_size),
+        ));
+    }
+    let map = match (&e.iothread_vq_mapping, &e.iothreads) {
+        (Some(_), Some(_)) => {
+            return Err(ConfigError::new(
+                f("iothread-vq-mapping"),
+                "cannot be combined with iothreads (use one form, as QEMU requires)",
+            ))
+        }
+        (Some(a), None) => VirtqueueMap::explicit(e.queues, a, pool)
+            .map_err(|m| ConfigError::new(f("iothread-vq-mapping"), m.to_string()))?,
+        (None, Some(t)) => VirtqueueMap::round_robin(e.queues, t, pool)
+            .map_err(|m| ConfigError::new(f("iothreads"), m.to_string()))?,
+        (None, None) => {
+            let all: Vec<usize> = (0..pool).collect();
+            VirtqueueMap::round_robin(e.queues, &all, pool).expect("pool is not empty")
+        }
+    };
+    let size = e
+        .size
+        .as_deref()
+        .map(|s| parse_size(s).map_err(|m| ConfigError::new(f("size"), m)))
+        .transpose()?;
+    let create = e
+        .create
+        .as_deref()
+        .map(|s| parse_size(s).map_err(|m| ConfigError::new(f("create"), m)))
+        .transpose()?;
+    for (name, v) in [("size", size), ("create", create)] {
+        if let Some(v) = v {
+            if v == 0 || v % 512 != 0 {
+                return Err(ConfigError::new(f(name), format!("{v} is not a positive multiple of 512 bytes")));
+            }
+        }
+    }
+    match e.backend {
+        BackendKind::Null => {
+            if e.image.is_some() {
+                return Err(ConfigError::new(f("image"), "the null backend has no image (give a size instead)"));
+            }
+            if size.is_none() {
+                return Err(ConfigError::new(f("size"), "the null backend needs a size (e.g. 1G)"));
+            }
+        }
+        _ => {
+            if e.image.is_none() {
+                return Err(ConfigError::new(f("image"), "missing (a raw image file or block device)"));
+            }
+            if size.is_some() {
+                return Err(ConfigError::new(f("size"), "only the null backend takes a size (use create to make a new image)"));
+            }
+        }
+    }
+    if let Some(s) = &e.serial {
+        if s.len() > 20 {
+            return Err(ConfigError::new(f("serial"), format!("{s:?} is longer than 20 bytes (virtio-blk GET_ID)")));
+        }
+    }
+    let socket_mode = match &e.socket_mode {
+        None => 0o600,
+        Some(m) => u32::from_str_radix(m.trim_start_matches("0o"), 8)
+            .ok()
+            .filter(|m| *m <= 0o777)
+            .ok_or_else(|| ConfigError::new(f("socket-mode"), format!("{m:?} is not an octal mode such as 0600")))?,
+    };
+    Ok(ExportPlan {
+        name: e.name.clone().unwrap_or_else(|| format!("export{i}")),
+        config: e.clone(),
+        map,
+        size,
+        create,
+        socket_mode,
+    })
+}
+
+/// Parses a size with an optional binary suffix (K, M, G, T; "KiB" and "k" too).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, suffix) = t.split_at(split);
+    let n: u64 = num.parse().map_err(|_| format!("{s:?} is not a size (e.g. 512M, 4G)"))?;
+    let mult: u64 = match suffix.trim().to_ascii_lowercase().trim_end_matches("ib").trim_end_matches('b') {
+        "" => 1,
+        "k" => 1 << 10,
+        "m" => 1 << 20,
+        "g" => 1 << 30,
+        "t" => 1 << 40,
+        _ => return Err(format!("{s:?} has an unknown suffix (use K, M, G or T)")),
+    };
+    n.checked_mul(mult).ok_or_else(|| format!("{s:?} is too large"))
+}
+
+/// Parses a cpuset such as "0-2,5" into CPU numbers.
+pub fn parse_cpuset(s: &str) -> Result<Vec<usize>, String> {
+    let mut cpus = Vec::new();
+    for part in s.split(',').map(str::trim) {
+        let bad = || format!("{s:?} is not a cpuset (e.g. \"2\", \"4-5\", \"1,3\")");
+        let (a, b) = match part.split_once('-') {
+            Some((a, b)) => (a.trim().parse().map_err(|_| bad())?, b.trim().parse().map_err(|_| bad())?),
+            None => {
+                let c: usize = part.parse().map_err(|_| bad())?;
+                (c, c)
+            }
+        };
+        if a > b || b >= 1024 {
+            return Err(bad());
+        }
+        cpus.extend(a..=b);
+    }
+    cpus.sort_unstable();
+    cpus.dedup();
+    Ok(cpus)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SAMPLE: &str = r#"
+[iothreads]
+count = 2
+[[iothreads.thread]]
+id = 1
+cpuset = "1"
+
+[[export]]
+name = "db"
+image = "/var/lib/db.raw"
+socket = "/run/vqblk/db.sock"
+queues = 4
+iothread-vq-mapping = [ { iothread = 0, vqs = [0, 2] }, { iothread = 1, vqs = [1, 3] } ]
+serial = "DB0"
+
+[[export]]
+backend = "null"
+size = "1G"
+socket = "/run/vqblk/null.sock"
+queues = 2
+"#;
+
+    #[test]
+    fn parses_sample() {
+        let c = ServeConfig::from_toml(SAMPLE).unwrap();
+        let plans = c.validate().unwrap();
+        assert_eq!(plans.len(), 2);
+        assert_eq!(plans[0].name, "db");
+        assert_eq!(plans[0].map.to_string(), "0:0,2;1:1,3");
+        assert_eq!(plans[1].name, "export1");
+        assert_eq!(plans[1].size, Some(1 << 30));
+        assert_eq!(plans[1].socket_mode, 0o600);
+        assert_eq!(plans[1].map.to_string(), "0:0;1:1");
+    }
+
+    fn err_of(text: &str) -> String {
+        match ServeConfig::from_toml(text) {
+            Err(e) => e.to_string(),
+            Ok(c) => c.validate().unwrap_err().to_string(),
+        }
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let base = "[[export]]\nsocket = \"/tmp/s\"\nimage = \"/tmp/i\"\n";
+        assert!(err_of(&format!("{base}queues = 0")).starts_with("export[0].queues: 0 is out of range"));
+        assert!(err_of(&format!("{base}queue-size = 100")).starts_with("export[0].queue-size"));
+        assert!(err_of(&format!("{base}iothreads = [3]")).starts_with("export[0].iothreads: IOThread 3 does not exist"));
+        assert!(err_of(&format!("{base}queues = 2\niothread-vq-mapping = [{{iothread = 0, vqs = [0]}}]"))
+            .contains("virtqueue 1 is not assigned"));
+        assert!(err_of(&format!("{base}iothreads = [0]\niothread-vq-mapping = [{{iothread = 0, vqs = [0]}}]"))
+            .contains("cannot be combined"));
+        assert!(err_of(&format!("{base}serial = \"123456789012345678901\"")).starts_with("export[0].serial"));
+        assert!(err_of(&format!("{base}socket-mode = \"999\"")).starts_with("export[0].socket-mode"));
+        assert!(err_of(&format!("{base}bogus = 1")).contains("unknown field `bogus`"));
+        assert!(err_of("[iothreads]\ncount = 0\n[[export]]\nsocket = \"/s\"\nimage = \"/i\"").starts_with("iothreads.count"));
+        assert!(err_of("[[export]]\nsocket = \"/s\"\nbackend = \"null\"").starts_with("export[0].size"));
+        assert!(err_of("[[export]]\nsocket = \"/s\"").starts_with("export[0].image: missing"));
+        assert!(err_of(&format!("{base}[[export]]\nsocket = \"/tmp/s\"\nimage = \"/i\"")).starts_with("export[1].socket"));
+        assert!(err_of("[iothreads]\ncount = 2\n[[iothreads.thread]]\nid = 0\ncpuset = \"x\"\n[[export]]\nsocket = \"/s\"\nimage = \"/i\"")
+            .starts_with("iothreads.thread[0].cpuset"));
+    }
+
+    #[test]
+    fn sizes_and_cpusets() {
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("1G").unwrap(), 1 << 30);
+        assert_eq!(parse_size("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_size("4k").unwrap(), 4096);
+        assert!(parse_size("1X").is_err());
+        assert!(parse_size("").is_err());
+        assert_eq!(parse_cpuset("0-2,5").unwrap(), vec![0, 1, 2, 5]);
+        assert!(parse_cpuset("3-1").is_err());
+    }
+}

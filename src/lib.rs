@@ -1,0 +1,14 @@
+//! vqblk: a vhost-user-blk storage daemon whose virtqueues are spread over a pool
+//! of IOThreads.
+//!
+//! Layers, from the guest inwards (see ARCHITECTURE.md):
+//! - [`vhost_user`]: the vhost-user protocol, one control thread per export socket;
+//! - [`iothread`]: the request engine, one event loop per IOThread owning its queues;
+//! - [`virtio`]: descriptor chains to requests, and the device model;
+//! - [`block`]: backends that execute block operations (io_uring, threads, null).
+#![deny(clippy::undocumented_unsafe_blocks)]
+
+pub mod block;
+pub mod config;
+pub mod mapping;
+pub mod virtio;
