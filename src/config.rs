@@ -32,7 +32,10 @@ pub struct ConfigError {
 impl ConfigError {
     /// Builds an error for `field`.
     pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
-        ConfigError { field: field.into(), message: message.into() }
+        ConfigError {
+            field: field.into(),
+            message: message.into(),
+        }
     }
 }
 
@@ -90,7 +93,10 @@ fn one() -> usize {
 
 impl Default for IoThreadsConfig {
     fn default() -> Self {
-        IoThreadsConfig { count: 1, threads: Vec::new() }
+        IoThreadsConfig {
+            count: 1,
+            threads: Vec::new(),
+        }
     }
 }
 
@@ -245,12 +251,18 @@ impl ServeConfig {
             }
         }
         if self.exports.is_empty() {
-            return Err(ConfigError::new("export", "no export configured (add an [[export]] table)"));
+            return Err(ConfigError::new(
+                "export",
+                "no export configured (add an [[export]] table)",
+            ));
         }
         let mut plans = Vec::new();
         for (i, e) in self.exports.iter().enumerate() {
             let plan = validate_export(i, e, pool)?;
-            if plans.iter().any(|p: &ExportPlan| p.config.socket == e.socket) {
+            if plans
+                .iter()
+                .any(|p: &ExportPlan| p.config.socket == e.socket)
+            {
                 return Err(ConfigError::new(
                     format!("export[{i}].socket"),
                     format!("{} is used by another export", e.socket.display()),
@@ -271,12 +283,18 @@ impl ServeConfig {
 fn validate_export(i: usize, e: &ExportConfig, pool: usize) -> Result<ExportPlan, ConfigError> {
     let f = |name: &str| format!("export[{i}].{name}");
     if e.queues == 0 || e.queues > MAX_QUEUES {
-        return Err(ConfigError::new(f("queues"), format!("{} is out of range (1..={MAX_QUEUES})", e.queues)));
+        return Err(ConfigError::new(
+            f("queues"),
+            format!("{} is out of range (1..={MAX_QUEUES})", e.queues),
+        ));
     }
     if !(2..=MAX_QUEUE_SIZE).contains(&e.queue_size) || !e.queue_size.is_power_of_two() {
         return Err(ConfigError::new(
             f("queue-size"),
-            format!("{} is not a power of two in 2..={MAX_QUEUE_SIZE}", e.queue_size),
+            format!(
+                "{} is not a power of two in 2..={MAX_QUEUE_SIZE}",
+                e.queue_size
+            ),
         ));
     }
     let map = match (&e.iothread_vq_mapping, &e.iothreads) {
@@ -308,31 +326,49 @@ fn validate_export(i: usize, e: &ExportConfig, pool: usize) -> Result<ExportPlan
     for (name, v) in [("size", size), ("create", create)] {
         if let Some(v) = v {
             if v == 0 || v % 512 != 0 {
-                return Err(ConfigError::new(f(name), format!("{v} is not a positive multiple of 512 bytes")));
+                return Err(ConfigError::new(
+                    f(name),
+                    format!("{v} is not a positive multiple of 512 bytes"),
+                ));
             }
         }
     }
     match e.backend {
         BackendKind::Null => {
             if e.image.is_some() {
-                return Err(ConfigError::new(f("image"), "the null backend has no image (give a size instead)"));
+                return Err(ConfigError::new(
+                    f("image"),
+                    "the null backend has no image (give a size instead)",
+                ));
             }
             if size.is_none() {
-                return Err(ConfigError::new(f("size"), "the null backend needs a size (e.g. 1G)"));
+                return Err(ConfigError::new(
+                    f("size"),
+                    "the null backend needs a size (e.g. 1G)",
+                ));
             }
         }
         _ => {
             if e.image.is_none() {
-                return Err(ConfigError::new(f("image"), "missing (a raw image file or block device)"));
+                return Err(ConfigError::new(
+                    f("image"),
+                    "missing (a raw image file or block device)",
+                ));
             }
             if size.is_some() {
-                return Err(ConfigError::new(f("size"), "only the null backend takes a size (use create to make a new image)"));
+                return Err(ConfigError::new(
+                    f("size"),
+                    "only the null backend takes a size (use create to make a new image)",
+                ));
             }
         }
     }
     if let Some(s) = &e.serial {
         if s.len() > 20 {
-            return Err(ConfigError::new(f("serial"), format!("{s:?} is longer than 20 bytes (virtio-blk GET_ID)")));
+            return Err(ConfigError::new(
+                f("serial"),
+                format!("{s:?} is longer than 20 bytes (virtio-blk GET_ID)"),
+            ));
         }
     }
     let socket_mode = match &e.socket_mode {
@@ -340,7 +376,12 @@ fn validate_export(i: usize, e: &ExportConfig, pool: usize) -> Result<ExportPlan
         Some(m) => u32::from_str_radix(m.trim_start_matches("0o"), 8)
             .ok()
             .filter(|m| *m <= 0o777)
-            .ok_or_else(|| ConfigError::new(f("socket-mode"), format!("{m:?} is not an octal mode such as 0600")))?,
+            .ok_or_else(|| {
+                ConfigError::new(
+                    f("socket-mode"),
+                    format!("{m:?} is not an octal mode such as 0600"),
+                )
+            })?,
     };
     Ok(ExportPlan {
         name: e.name.clone().unwrap_or_else(|| format!("export{i}")),
@@ -357,8 +398,15 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, suffix) = t.split_at(split);
-    let n: u64 = num.parse().map_err(|_| format!("{s:?} is not a size (e.g. 512M, 4G)"))?;
-    let mult: u64 = match suffix.trim().to_ascii_lowercase().trim_end_matches("ib").trim_end_matches('b') {
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (e.g. 512M, 4G)"))?;
+    let mult: u64 = match suffix
+        .trim()
+        .to_ascii_lowercase()
+        .trim_end_matches("ib")
+        .trim_end_matches('b')
+    {
         "" => 1,
         "k" => 1 << 10,
         "m" => 1 << 20,
@@ -366,7 +414,8 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "t" => 1 << 40,
         _ => return Err(format!("{s:?} has an unknown suffix (use K, M, G or T)")),
     };
-    n.checked_mul(mult).ok_or_else(|| format!("{s:?} is too large"))
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("{s:?} is too large"))
 }
 
 /// Parses a cpuset such as "0-2,5" into CPU numbers.
@@ -375,7 +424,10 @@ pub fn parse_cpuset(s: &str) -> Result<Vec<usize>, String> {
     for part in s.split(',').map(str::trim) {
         let bad = || format!("{s:?} is not a cpuset (e.g. \"2\", \"4-5\", \"1,3\")");
         let (a, b) = match part.split_once('-') {
-            Some((a, b)) => (a.trim().parse().map_err(|_| bad())?, b.trim().parse().map_err(|_| bad())?),
+            Some((a, b)) => (
+                a.trim().parse().map_err(|_| bad())?,
+                b.trim().parse().map_err(|_| bad())?,
+            ),
             None => {
                 let c: usize = part.parse().map_err(|_| bad())?;
                 (c, c)
@@ -440,20 +492,38 @@ queues = 2
     #[test]
     fn errors_name_the_field() {
         let base = "[[export]]\nsocket = \"/tmp/s\"\nimage = \"/tmp/i\"\n";
-        assert!(err_of(&format!("{base}queues = 0")).starts_with("export[0].queues: 0 is out of range"));
+        assert!(
+            err_of(&format!("{base}queues = 0")).starts_with("export[0].queues: 0 is out of range")
+        );
         assert!(err_of(&format!("{base}queue-size = 100")).starts_with("export[0].queue-size"));
-        assert!(err_of(&format!("{base}iothreads = [3]")).starts_with("export[0].iothreads: IOThread 3 does not exist"));
-        assert!(err_of(&format!("{base}queues = 2\niothread-vq-mapping = [{{iothread = 0, vqs = [0]}}]"))
-            .contains("virtqueue 1 is not assigned"));
-        assert!(err_of(&format!("{base}iothreads = [0]\niothread-vq-mapping = [{{iothread = 0, vqs = [0]}}]"))
-            .contains("cannot be combined"));
-        assert!(err_of(&format!("{base}serial = \"123456789012345678901\"")).starts_with("export[0].serial"));
-        assert!(err_of(&format!("{base}socket-mode = \"999\"")).starts_with("export[0].socket-mode"));
+        assert!(err_of(&format!("{base}iothreads = [3]"))
+            .starts_with("export[0].iothreads: IOThread 3 does not exist"));
+        assert!(err_of(&format!(
+            "{base}queues = 2\niothread-vq-mapping = [{{iothread = 0, vqs = [0]}}]"
+        ))
+        .contains("virtqueue 1 is not assigned"));
+        assert!(err_of(&format!(
+            "{base}iothreads = [0]\niothread-vq-mapping = [{{iothread = 0, vqs = [0]}}]"
+        ))
+        .contains("cannot be combined"));
+        assert!(err_of(&format!("{base}serial = \"123456789012345678901\""))
+            .starts_with("export[0].serial"));
+        assert!(
+            err_of(&format!("{base}socket-mode = \"999\"")).starts_with("export[0].socket-mode")
+        );
         assert!(err_of(&format!("{base}bogus = 1")).contains("unknown field `bogus`"));
-        assert!(err_of("[iothreads]\ncount = 0\n[[export]]\nsocket = \"/s\"\nimage = \"/i\"").starts_with("iothreads.count"));
-        assert!(err_of("[[export]]\nsocket = \"/s\"\nbackend = \"null\"").starts_with("export[0].size"));
+        assert!(
+            err_of("[iothreads]\ncount = 0\n[[export]]\nsocket = \"/s\"\nimage = \"/i\"")
+                .starts_with("iothreads.count")
+        );
+        assert!(
+            err_of("[[export]]\nsocket = \"/s\"\nbackend = \"null\"").starts_with("export[0].size")
+        );
         assert!(err_of("[[export]]\nsocket = \"/s\"").starts_with("export[0].image: missing"));
-        assert!(err_of(&format!("{base}[[export]]\nsocket = \"/tmp/s\"\nimage = \"/i\"")).starts_with("export[1].socket"));
+        assert!(err_of(&format!(
+            "{base}[[export]]\nsocket = \"/tmp/s\"\nimage = \"/i\""
+        ))
+        .starts_with("export[1].socket"));
         assert!(err_of("[iothreads]\ncount = 2\n[[iothreads.thread]]\nid = 0\ncpuset = \"x\"\n[[export]]\nsocket = \"/s\"\nimage = \"/i\"")
             .starts_with("iothreads.thread[0].cpuset"));
     }

@@ -9,6 +9,11 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod block;
+pub mod cli;
 pub mod config;
+pub mod daemon;
+pub mod iothread;
 pub mod mapping;
+pub mod stats;
+pub mod vhost_user;
 pub mod virtio;

@@ -85,26 +85,39 @@ impl VirtqueueMap {
                 return Err(MapError::UnknownThread { thread, pool });
             }
         }
-        let owner = (0..num_queues as usize).map(|q| threads[q % threads.len()]).collect();
+        let owner = (0..num_queues as usize)
+            .map(|q| threads[q % threads.len()])
+            .collect();
         Ok(VirtqueueMap { owner })
     }
 
     /// Every queue must be assigned exactly once.
-    pub fn explicit(num_queues: u16, assignments: &[Assignment], pool: usize) -> Result<Self, MapError> {
+    pub fn explicit(
+        num_queues: u16,
+        assignments: &[Assignment],
+        pool: usize,
+    ) -> Result<Self, MapError> {
         if assignments.is_empty() {
             return Err(MapError::NoThreads);
         }
         let mut owner: Vec<Option<usize>> = vec![None; num_queues as usize];
         for a in assignments {
             if a.iothread >= pool {
-                return Err(MapError::UnknownThread { thread: a.iothread, pool });
+                return Err(MapError::UnknownThread {
+                    thread: a.iothread,
+                    pool,
+                });
             }
             for &queue in &a.vqs {
                 let slot = owner
                     .get_mut(queue as usize)
                     .ok_or(MapError::QueueOutOfRange { queue, num_queues })?;
                 if let Some(first) = *slot {
-                    return Err(MapError::Duplicate { queue, first, second: a.iothread });
+                    return Err(MapError::Duplicate {
+                        queue,
+                        first,
+                        second: a.iothread,
+                    });
                 }
                 *slot = Some(a.iothread);
             }
@@ -112,14 +125,22 @@ impl VirtqueueMap {
         let owner = owner
             .into_iter()
             .enumerate()
-            .map(|(q, t)| t.ok_or(MapError::Unassigned { queue: q as u16, num_queues }))
+            .map(|(q, t)| {
+                t.ok_or(MapError::Unassigned {
+                    queue: q as u16,
+                    num_queues,
+                })
+            })
             .collect::<Result<_, _>>()?;
         Ok(VirtqueueMap { owner })
     }
 
     /// Parses the command-line form `IOTHREAD:VQ,VQ;IOTHREAD:VQ,...`.
     pub fn parse_spec(spec: &str) -> Result<Vec<Assignment>, MapError> {
-        let syntax = |reason: String| MapError::Syntax { spec: spec.to_string(), reason };
+        let syntax = |reason: String| MapError::Syntax {
+            spec: spec.to_string(),
+            reason,
+        };
         let mut out = Vec::new();
         for part in spec.split(';').map(str::trim).filter(|p| !p.is_empty()) {
             let (thread, vqs) = part
@@ -133,7 +154,10 @@ impl VirtqueueMap {
                 .split(',')
                 .map(str::trim)
                 .filter(|v| !v.is_empty())
-                .map(|v| v.parse().map_err(|_| syntax(format!("{v:?} is not a virtqueue index"))))
+                .map(|v| {
+                    v.parse()
+                        .map_err(|_| syntax(format!("{v:?} is not a virtqueue index")))
+                })
                 .collect::<Result<Vec<u16>, _>>()?;
             if vqs.is_empty() {
                 return Err(syntax(format!("IOThread {iothread} lists no virtqueues")));
@@ -158,7 +182,9 @@ impl VirtqueueMap {
 
     /// The virtqueues owned by `thread`, in increasing order.
     pub fn queues_of(&self, thread: usize) -> Vec<u16> {
-        (0..self.num_queues()).filter(|&q| self.thread_of(q) == thread).collect()
+        (0..self.num_queues())
+            .filter(|&q| self.thread_of(q) == thread)
+            .collect()
     }
 
     /// The IOThreads that own at least one queue, in increasing order.
@@ -209,7 +235,10 @@ mod tests {
 
     #[test]
     fn round_robin_rejects_bad_threads() {
-        assert_eq!(VirtqueueMap::round_robin(2, &[], 4), Err(MapError::NoThreads));
+        assert_eq!(
+            VirtqueueMap::round_robin(2, &[], 4),
+            Err(MapError::NoThreads)
+        );
         assert_eq!(
             VirtqueueMap::round_robin(2, &[0, 4], 4),
             Err(MapError::UnknownThread { thread: 4, pool: 4 })
@@ -229,17 +258,27 @@ mod tests {
         let a = VirtqueueMap::parse_spec("0:0,2;1:1").unwrap();
         assert_eq!(
             VirtqueueMap::explicit(4, &a, 2),
-            Err(MapError::Unassigned { queue: 3, num_queues: 4 })
+            Err(MapError::Unassigned {
+                queue: 3,
+                num_queues: 4
+            })
         );
         let a = VirtqueueMap::parse_spec("0:0,1;1:1,2,3").unwrap();
         assert_eq!(
             VirtqueueMap::explicit(4, &a, 2),
-            Err(MapError::Duplicate { queue: 1, first: 0, second: 1 })
+            Err(MapError::Duplicate {
+                queue: 1,
+                first: 0,
+                second: 1
+            })
         );
         let a = VirtqueueMap::parse_spec("0:0,1,2,3,4").unwrap();
         assert_eq!(
             VirtqueueMap::explicit(4, &a, 2),
-            Err(MapError::QueueOutOfRange { queue: 4, num_queues: 4 })
+            Err(MapError::QueueOutOfRange {
+                queue: 4,
+                num_queues: 4
+            })
         );
         let a = VirtqueueMap::parse_spec("7:0").unwrap();
         assert_eq!(

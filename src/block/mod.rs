@@ -39,7 +39,9 @@ pub enum BlockError {
         source: io::Error,
     },
     /// O_DIRECT is not supported by the file system.
-    #[error("image {0}: the file system does not support O_DIRECT (cache=none); use --cache writeback")]
+    #[error(
+        "image {0}: the file system does not support O_DIRECT (cache=none); use --cache writeback"
+    )]
     NoDirect(PathBuf),
     /// The image is too small to hold one sector.
     #[error("image {0} is smaller than 512 bytes")]
@@ -100,14 +102,24 @@ impl Disk {
         read_only: bool,
         create: Option<u64>,
     ) -> Result<Disk, BlockError> {
-        let open_err = |source| BlockError::Open { path: path.to_path_buf(), source };
+        let open_err = |source| BlockError::Open {
+            path: path.to_path_buf(),
+            source,
+        };
         match std::fs::metadata(path) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 let Some(size) = create else {
                     return Err(BlockError::Missing(path.to_path_buf()));
                 };
-                let create_err = |source| BlockError::Create { path: path.to_path_buf(), source };
-                let f = OpenOptions::new().write(true).create_new(true).open(path).map_err(create_err)?;
+                let create_err = |source| BlockError::Create {
+                    path: path.to_path_buf(),
+                    source,
+                };
+                let f = OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(path)
+                    .map_err(create_err)?;
                 f.set_len(size).map_err(create_err)?;
             }
             Err(e) => return Err(open_err(e)),
@@ -127,7 +139,10 @@ impl Disk {
         };
         let meta = file.metadata().map_err(open_err)?;
         let (size, lbs) = if meta.file_type().is_block_device() {
-            (blkdev_size(&file).map_err(open_err)?, blkdev_logical_block_size(&file).unwrap_or(512))
+            (
+                blkdev_size(&file).map_err(open_err)?,
+                blkdev_logical_block_size(&file).unwrap_or(512),
+            )
         } else {
             (meta.len(), 512)
         };
@@ -169,7 +184,13 @@ fn blkdev_size(f: &File) -> io::Result<u64> {
     let mut size: u64 = 0;
     // SAFETY: BLKGETSIZE64 writes one u64 through the pointer, which points to a
     // live local of that type.
-    let r = unsafe { libc::ioctl(f.as_raw_fd(), 0x8008_1272 /* BLKGETSIZE64 */, &mut size) };
+    let r = unsafe {
+        libc::ioctl(
+            f.as_raw_fd(),
+            0x8008_1272, /* BLKGETSIZE64 */
+            &mut size,
+        )
+    };
     if r < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -180,7 +201,9 @@ fn blkdev_logical_block_size(f: &File) -> Option<u32> {
     let mut lbs: libc::c_int = 0;
     // SAFETY: BLKSSZGET writes one int through the pointer, which points to a
     // live local of that type.
-    let r = unsafe { libc::ioctl(f.as_raw_fd(), 0x1268 /* BLKSSZGET */, &mut lbs) };
+    let r = unsafe {
+        libc::ioctl(f.as_raw_fd(), 0x1268 /* BLKSSZGET */, &mut lbs)
+    };
     (r == 0 && lbs >= 512).then_some(lbs as u32)
 }
 
@@ -267,7 +290,9 @@ pub unsafe fn execute_sync(fd: RawFd, op: &IoOp) -> i32 {
         },
     };
     if r < 0 {
-        -io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
+        -io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO)
     } else {
         r.min(i32::MAX as isize) as i32
     }
@@ -344,10 +369,18 @@ mod tests {
     fn missing_image_is_an_error_unless_created() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("d.raw");
-        let e = Disk::open(&p, BackendKind::IoUring, CacheMode::Writeback, false, None).unwrap_err();
+        let e =
+            Disk::open(&p, BackendKind::IoUring, CacheMode::Writeback, false, None).unwrap_err();
         assert!(e.to_string().contains("does not exist"), "{e}");
         assert!(!p.exists());
-        let d = Disk::open(&p, BackendKind::IoUring, CacheMode::Writeback, false, Some(1 << 20)).unwrap();
+        let d = Disk::open(
+            &p,
+            BackendKind::IoUring,
+            CacheMode::Writeback,
+            false,
+            Some(1 << 20),
+        )
+        .unwrap();
         assert_eq!(d.size, 1 << 20);
         assert!(!d.direct);
     }
@@ -361,7 +394,10 @@ mod tests {
             let disk = Disk::open(&p, kind, CacheMode::Writeback, false, Some(1 << 20)).unwrap();
             let mut engines = Engines::default();
             let mut buf = vec![0xabu8; 8192];
-            let iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+            let iov = libc::iovec {
+                iov_base: buf.as_mut_ptr().cast(),
+                iov_len: buf.len(),
+            };
             let run = |engines: &mut Engines, op: IoOp| -> i32 {
                 let e = engines.get(kind, "t").unwrap();
                 // SAFETY: `iov` and `buf` outlive the completion, which is awaited below.
@@ -379,17 +415,41 @@ mod tests {
                 assert_eq!(out[0].token, 7);
                 out[0].result
             };
-            let w = IoOp { kind: IoKind::Write, offset: 4096, len: 8192, iov: &iov, iovcnt: 1, dsync: false, punch: false };
+            let w = IoOp {
+                kind: IoKind::Write,
+                offset: 4096,
+                len: 8192,
+                iov: &iov,
+                iovcnt: 1,
+                dsync: false,
+                punch: false,
+            };
             assert_eq!(run(&mut engines, w), 8192, "{kind:?}");
-            let f = IoOp { kind: IoKind::Flush, offset: 0, len: 0, iov: std::ptr::null(), iovcnt: 0, dsync: false, punch: false };
+            let f = IoOp {
+                kind: IoKind::Flush,
+                offset: 0,
+                len: 0,
+                iov: std::ptr::null(),
+                iovcnt: 0,
+                dsync: false,
+                punch: false,
+            };
             assert_eq!(run(&mut engines, f), 0);
-            let z = IoOp { kind: IoKind::WriteZeroes, offset: 4096, len: 4096, ..f };
+            let z = IoOp {
+                kind: IoKind::WriteZeroes,
+                offset: 4096,
+                len: 4096,
+                ..f
+            };
             assert_eq!(run(&mut engines, z), 0);
             let data = std::fs::read(&p).unwrap();
             assert!(data[4096..8192].iter().all(|&b| b == 0));
             assert!(data[8192..12288].iter().all(|&b| b == 0xab));
             buf.fill(0);
-            let r = IoOp { kind: IoKind::Read, ..w };
+            let r = IoOp {
+                kind: IoKind::Read,
+                ..w
+            };
             assert_eq!(run(&mut engines, r), 8192);
             assert!(buf[4096..].iter().all(|&b| b == 0xab));
         }

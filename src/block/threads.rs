@@ -39,13 +39,24 @@ impl PoolEngine {
     pub fn new(name: &str, n: usize) -> io::Result<Self> {
         let (tx, rx) = channel::<Job>();
         let rx = Arc::new(Mutex::new(rx));
-        let done = Arc::new(Done { list: Mutex::new(Vec::new()), efd: EventFd::new(EFD_NONBLOCK)? });
+        let done = Arc::new(Done {
+            list: Mutex::new(Vec::new()),
+            efd: EventFd::new(EFD_NONBLOCK)?,
+        });
         let mut workers = Vec::new();
         for i in 0..n {
             let (rx, done) = (rx.clone(), done.clone());
-            workers.push(std::thread::Builder::new().name(format!("{name}-w{i}")).spawn(move || worker(rx, done))?);
+            workers.push(
+                std::thread::Builder::new()
+                    .name(format!("{name}-w{i}"))
+                    .spawn(move || worker(rx, done))?,
+            );
         }
-        Ok(PoolEngine { tx: Some(tx), done, workers })
+        Ok(PoolEngine {
+            tx: Some(tx),
+            done,
+            workers,
+        })
     }
 }
 
@@ -57,7 +68,10 @@ fn worker(rx: Arc<Mutex<Receiver<Job>>>, done: Arc<Done>) {
         };
         // SAFETY: see `unsafe impl Send for Job`.
         let result = unsafe { execute_sync(job.fd, &job.op) };
-        done.list.lock().unwrap().push(Completion { token: job.token, result });
+        done.list.lock().unwrap().push(Completion {
+            token: job.token,
+            result,
+        });
         let _ = done.efd.write(1);
     }
 }

@@ -22,7 +22,11 @@ impl UringEngine {
         let ring = IoUring::new(entries)?;
         let efd = EventFd::new(EFD_NONBLOCK)?;
         ring.submitter().register_eventfd(efd.as_raw_fd())?;
-        Ok(UringEngine { ring, efd, queued: 0 })
+        Ok(UringEngine {
+            ring,
+            efd,
+            queued: 0,
+        })
     }
 }
 
@@ -30,15 +34,20 @@ impl Engine for UringEngine {
     unsafe fn submit(&mut self, fd: RawFd, op: &IoOp, token: u64) -> io::Result<()> {
         let fd = types::Fd(fd);
         let entry = match op.kind {
-            IoKind::Read => opcode::Readv::new(fd, op.iov, op.iovcnt).offset(op.offset).build(),
+            IoKind::Read => opcode::Readv::new(fd, op.iov, op.iovcnt)
+                .offset(op.offset)
+                .build(),
             IoKind::Write => opcode::Writev::new(fd, op.iov, op.iovcnt)
                 .offset(op.offset)
                 .rw_flags(if op.dsync { libc::RWF_DSYNC } else { 0 })
                 .build(),
-            IoKind::Flush => opcode::Fsync::new(fd).flags(types::FsyncFlags::DATASYNC).build(),
-            IoKind::Discard | IoKind::WriteZeroes => {
-                opcode::Fallocate::new(fd, op.len).offset(op.offset).mode(fallocate_mode(op)).build()
-            }
+            IoKind::Flush => opcode::Fsync::new(fd)
+                .flags(types::FsyncFlags::DATASYNC)
+                .build(),
+            IoKind::Discard | IoKind::WriteZeroes => opcode::Fallocate::new(fd, op.len)
+                .offset(op.offset)
+                .mode(fallocate_mode(op))
+                .build(),
         }
         .user_data(token);
         loop {
@@ -59,7 +68,10 @@ impl Engine for UringEngine {
                 Ok(n) => self.queued = self.queued.saturating_sub(n),
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
                 // The completion queue is full: the caller reaps and retries later.
-                Err(e) if e.raw_os_error() == Some(libc::EBUSY) || e.raw_os_error() == Some(libc::EAGAIN) => {
+                Err(e)
+                    if e.raw_os_error() == Some(libc::EBUSY)
+                        || e.raw_os_error() == Some(libc::EAGAIN) =>
+                {
                     return Ok(())
                 }
                 Err(e) => return Err(e),
@@ -71,7 +83,10 @@ impl Engine for UringEngine {
     fn reap(&mut self, out: &mut Vec<Completion>) {
         let _ = self.efd.read();
         for cqe in self.ring.completion() {
-            out.push(Completion { token: cqe.user_data(), result: cqe.result() });
+            out.push(Completion {
+                token: cqe.user_data(),
+                result: cqe.result(),
+            });
         }
     }
 

@@ -186,6 +186,9 @@ mod tests {
         assert_ne!(g.features() & features::BLK_DISCARD, 0);
         g.read_only = true;
         assert_ne!(g.features() & features::BLK_RO, 0);
-        assert_eq!(g.features() & (features::BLK_DISCARD | features::BLK_WRITE_ZEROES), 0);
+        assert_eq!(
+            g.features() & (features::BLK_DISCARD | features::BLK_WRITE_ZEROES),
+            0
+        );
     }
 }

@@ -181,7 +181,11 @@ const RANGE_LEN: usize = 16;
 const WRITE_ZEROES_FLAG_UNMAP: u32 = 1;
 
 /// Copies up to `out.len()` bytes from the start of `segs` into `out`.
-fn gather<M: GuestMemory + ?Sized>(mem: &M, segs: &[Segment], out: &mut [u8]) -> Result<(), RequestError> {
+fn gather<M: GuestMemory + ?Sized>(
+    mem: &M,
+    segs: &[Segment],
+    out: &mut [u8],
+) -> Result<(), RequestError> {
     let mut done = 0;
     for s in segs {
         if done == out.len() {
@@ -203,7 +207,10 @@ fn skip_front(segs: &[Segment], mut n: u64) -> Vec<Segment> {
             n -= s.len as u64;
             continue;
         }
-        out.push(Segment { addr: GuestAddress(s.addr.0 + n), len: s.len - n as u32 });
+        out.push(Segment {
+            addr: GuestAddress(s.addr.0 + n),
+            len: s.len - n as u32,
+        });
         n = 0;
     }
     out
@@ -223,7 +230,10 @@ where
         if desc.len() == 0 {
             continue;
         }
-        let seg = Segment { addr: desc.addr(), len: desc.len() };
+        let seg = Segment {
+            addr: desc.addr(),
+            len: desc.len(),
+        };
         if desc.is_write_only() {
             writable.push(seg);
         } else {
@@ -234,8 +244,14 @@ where
         }
     }
     let mem = chain.memory();
-    let status = writable.last().map(|s| GuestAddress(s.addr.0 + s.len as u64 - 1));
-    let reject = |error| Rejected { head, status, error };
+    let status = writable
+        .last()
+        .map(|s| GuestAddress(s.addr.0 + s.len as u64 - 1));
+    let reject = |error| Rejected {
+        head,
+        status,
+        error,
+    };
     let Some(status_addr) = status else {
         return Err(reject(RequestError::NoStatus));
     };
@@ -280,7 +296,10 @@ where
                 return Err(reject(RequestError::Direction(rtype)));
             }
             check_rw(&writable, in_len).map_err(reject)?;
-            Operation::Read { sector, data: writable }
+            Operation::Read {
+                sector,
+                data: writable,
+            }
         }
         req_type::OUT => {
             if in_len != 0 {
@@ -290,7 +309,10 @@ where
                 return Err(reject(RequestError::ReadOnly));
             }
             check_rw(&out_data, out_len).map_err(reject)?;
-            Operation::Write { sector, data: out_data }
+            Operation::Write {
+                sector,
+                data: out_data,
+            }
         }
         req_type::FLUSH => Operation::Flush,
         req_type::GET_ID => {
@@ -308,7 +330,9 @@ where
             }
             // We advertise max_discard_seg = max_write_zeroes_seg = 1.
             if out_len != RANGE_LEN as u64 {
-                return Err(reject(RequestError::BadRange("exactly one 16-byte range expected")));
+                return Err(reject(RequestError::BadRange(
+                    "exactly one 16-byte range expected",
+                )));
             }
             let mut r = [0u8; RANGE_LEN];
             gather(mem, &out_data, &mut r).map_err(reject)?;
@@ -321,34 +345,55 @@ where
                 (limits.max_write_zeroes_sectors, WRITE_ZEROES_FLAG_UNMAP)
             };
             if flags & !allowed != 0 {
-                return Err(reject(RequestError::BadRange("flags: unmap or reserved bits set")));
+                return Err(reject(RequestError::BadRange(
+                    "flags: unmap or reserved bits set",
+                )));
             }
             if num_sectors == 0 || num_sectors > max {
-                return Err(reject(RequestError::BadRange("sector count is zero or above the maximum")));
+                return Err(reject(RequestError::BadRange(
+                    "sector count is zero or above the maximum",
+                )));
             }
             check_range(sector, num_sectors as u64, limits).map_err(reject)?;
             if rtype == req_type::DISCARD {
-                Operation::Discard { sector, num_sectors }
+                Operation::Discard {
+                    sector,
+                    num_sectors,
+                }
             } else {
-                Operation::WriteZeroes { sector, num_sectors, unmap: flags & WRITE_ZEROES_FLAG_UNMAP != 0 }
+                Operation::WriteZeroes {
+                    sector,
+                    num_sectors,
+                    unmap: flags & WRITE_ZEROES_FLAG_UNMAP != 0,
+                }
             }
         }
         other => return Err(reject(RequestError::Unsupported(other))),
     };
-    Ok(Request { head, op, status: status_addr })
+    Ok(Request {
+        head,
+        op,
+        status: status_addr,
+    })
 }
 
 fn check_range(sector: u64, sectors: u64, limits: &Limits) -> Result<(), RequestError> {
     match sector.checked_add(sectors) {
         Some(end) if end <= limits.capacity_sectors => Ok(()),
-        _ => Err(RequestError::OutOfRange { sector, sectors, capacity: limits.capacity_sectors }),
+        _ => Err(RequestError::OutOfRange {
+            sector,
+            sectors,
+            capacity: limits.capacity_sectors,
+        }),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use virtio_bindings::bindings::virtio_ring::{VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
+    use virtio_bindings::bindings::virtio_ring::{
+        VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
+    };
     use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
     use virtio_queue::mock::MockSplitQueue;
     use virtio_queue::{Queue, QueueT};
@@ -376,7 +421,8 @@ mod tests {
     fn header(mem: &GuestMemoryMmap, rtype: u32, sector: u64) {
         mem.write_obj(rtype.to_le(), GuestAddress(HDR)).unwrap();
         mem.write_obj(0u32, GuestAddress(HDR + 4)).unwrap();
-        mem.write_obj(sector.to_le(), GuestAddress(HDR + 8)).unwrap();
+        mem.write_obj(sector.to_le(), GuestAddress(HDR + 8))
+            .unwrap();
     }
 
     fn d(addr: u64, len: u32, write: bool) -> RawDescriptor {
@@ -384,7 +430,11 @@ mod tests {
         RawDescriptor::from(SplitDescriptor::new(addr, len, flags, 0))
     }
 
-    fn parse_descs(mem: &GuestMemoryMmap, descs: &[RawDescriptor], l: &Limits) -> Result<Request, Rejected> {
+    fn parse_descs(
+        mem: &GuestMemoryMmap,
+        descs: &[RawDescriptor],
+        l: &Limits,
+    ) -> Result<Request, Rejected> {
         let vq = MockSplitQueue::new(mem, 16);
         let chain = vq.build_desc_chain(descs).unwrap();
         parse(chain, l)
@@ -394,13 +444,37 @@ mod tests {
     fn read_write_flush_getid() {
         let m = mem();
         header(&m, req_type::IN, 8);
-        let r = parse_descs(&m, &[d(HDR, 16, false), d(DATA, 4096, true), d(STATUS, 1, true)], &limits()).unwrap();
-        assert_eq!(r.op, Operation::Read { sector: 8, data: vec![Segment { addr: GuestAddress(DATA), len: 4096 }] });
+        let r = parse_descs(
+            &m,
+            &[d(HDR, 16, false), d(DATA, 4096, true), d(STATUS, 1, true)],
+            &limits(),
+        )
+        .unwrap();
+        assert_eq!(
+            r.op,
+            Operation::Read {
+                sector: 8,
+                data: vec![Segment {
+                    addr: GuestAddress(DATA),
+                    len: 4096
+                }]
+            }
+        );
         assert_eq!(r.status, GuestAddress(STATUS));
         assert_eq!(r.op.data_len(), 4096);
 
         header(&m, req_type::OUT, 16);
-        let r = parse_descs(&m, &[d(HDR, 16, false), d(DATA, 512, false), d(DATA + 512, 512, false), d(STATUS, 1, true)], &limits()).unwrap();
+        let r = parse_descs(
+            &m,
+            &[
+                d(HDR, 16, false),
+                d(DATA, 512, false),
+                d(DATA + 512, 512, false),
+                d(STATUS, 1, true),
+            ],
+            &limits(),
+        )
+        .unwrap();
         assert!(matches!(r.op, Operation::Write { sector: 16, ref data } if data.len() == 2));
 
         header(&m, req_type::FLUSH, 0);
@@ -408,7 +482,12 @@ mod tests {
         assert_eq!(r.op, Operation::Flush);
 
         header(&m, req_type::GET_ID, 0);
-        let r = parse_descs(&m, &[d(HDR, 16, false), d(DATA, 20, true), d(STATUS, 1, true)], &limits()).unwrap();
+        let r = parse_descs(
+            &m,
+            &[d(HDR, 16, false), d(DATA, 20, true), d(STATUS, 1, true)],
+            &limits(),
+        )
+        .unwrap();
         assert!(matches!(r.op, Operation::GetId { .. }));
     }
 
@@ -417,15 +496,47 @@ mod tests {
         let m = mem();
         // Header and data in one readable descriptor; data and status in one writable one.
         header(&m, req_type::OUT, 0);
-        let r = parse_descs(&m, &[d(HDR, 16 + 1024, false), d(STATUS, 1, true)], &limits()).unwrap();
-        assert_eq!(r.op, Operation::Write { sector: 0, data: vec![Segment { addr: GuestAddress(HDR + 16), len: 1024 }] });
+        let r = parse_descs(
+            &m,
+            &[d(HDR, 16 + 1024, false), d(STATUS, 1, true)],
+            &limits(),
+        )
+        .unwrap();
+        assert_eq!(
+            r.op,
+            Operation::Write {
+                sector: 0,
+                data: vec![Segment {
+                    addr: GuestAddress(HDR + 16),
+                    len: 1024
+                }]
+            }
+        );
         header(&m, req_type::IN, 0);
-        let r = parse_descs(&m, &[d(HDR, 8, false), d(HDR + 8, 8, false), d(DATA, 513, true)], &limits()).unwrap();
-        assert_eq!(r.op, Operation::Read { sector: 0, data: vec![Segment { addr: GuestAddress(DATA), len: 512 }] });
+        let r = parse_descs(
+            &m,
+            &[d(HDR, 8, false), d(HDR + 8, 8, false), d(DATA, 513, true)],
+            &limits(),
+        )
+        .unwrap();
+        assert_eq!(
+            r.op,
+            Operation::Read {
+                sector: 0,
+                data: vec![Segment {
+                    addr: GuestAddress(DATA),
+                    len: 512
+                }]
+            }
+        );
         assert_eq!(r.status, GuestAddress(DATA + 512));
     }
 
-    fn err(m: &GuestMemoryMmap, descs: &[RawDescriptor], l: &Limits) -> (RequestError, Option<GuestAddress>) {
+    fn err(
+        m: &GuestMemoryMmap,
+        descs: &[RawDescriptor],
+        l: &Limits,
+    ) -> (RequestError, Option<GuestAddress>) {
         let r = parse_descs(m, descs, l).unwrap_err();
         (r.error, r.status)
     }
@@ -438,25 +549,72 @@ mod tests {
         // Chain too short: only the header.
         assert_eq!(err(&m, &[d(HDR, 16, false)], &l).0, RequestError::NoStatus);
         // Status descriptor read-only.
-        assert_eq!(err(&m, &[d(HDR, 16, false), d(DATA, 512, true), d(STATUS, 1, false)], &l).0, RequestError::BadOrder);
+        assert_eq!(
+            err(
+                &m,
+                &[d(HDR, 16, false), d(DATA, 512, true), d(STATUS, 1, false)],
+                &l
+            )
+            .0,
+            RequestError::BadOrder
+        );
         // Header short.
         let (e, s) = err(&m, &[d(HDR, 8, false), d(STATUS, 1, true)], &l);
-        assert_eq!((e.clone(), s), (RequestError::ShortHeader(8), Some(GuestAddress(STATUS))));
+        assert_eq!(
+            (e.clone(), s),
+            (RequestError::ShortHeader(8), Some(GuestAddress(STATUS)))
+        );
         assert_eq!(e.status(), status::IOERR);
         // Read with device-readable data: wrong direction.
-        assert_eq!(err(&m, &[d(HDR, 16, false), d(DATA, 512, false), d(STATUS, 1, true)], &l).0, RequestError::Direction(0));
+        assert_eq!(
+            err(
+                &m,
+                &[d(HDR, 16, false), d(DATA, 512, false), d(STATUS, 1, true)],
+                &l
+            )
+            .0,
+            RequestError::Direction(0)
+        );
         // Read with no data.
-        assert_eq!(err(&m, &[d(HDR, 16, false), d(STATUS, 1, true)], &l).0, RequestError::BadLength(0));
+        assert_eq!(
+            err(&m, &[d(HDR, 16, false), d(STATUS, 1, true)], &l).0,
+            RequestError::BadLength(0)
+        );
         // Length not a multiple of 512.
-        assert_eq!(err(&m, &[d(HDR, 16, false), d(DATA, 1000, true), d(STATUS, 1, true)], &l).0, RequestError::BadLength(1000));
+        assert_eq!(
+            err(
+                &m,
+                &[d(HDR, 16, false), d(DATA, 1000, true), d(STATUS, 1, true)],
+                &l
+            )
+            .0,
+            RequestError::BadLength(1000)
+        );
         // Beyond capacity.
         header(&m, req_type::IN, 2047);
         assert!(matches!(
-            err(&m, &[d(HDR, 16, false), d(DATA, 1024, true), d(STATUS, 1, true)], &l).0,
-            RequestError::OutOfRange { sector: 2047, sectors: 2, capacity: 2048 }
+            err(
+                &m,
+                &[d(HDR, 16, false), d(DATA, 1024, true), d(STATUS, 1, true)],
+                &l
+            )
+            .0,
+            RequestError::OutOfRange {
+                sector: 2047,
+                sectors: 2,
+                capacity: 2048
+            }
         ));
         header(&m, req_type::IN, u64::MAX);
-        assert!(matches!(err(&m, &[d(HDR, 16, false), d(DATA, 512, true), d(STATUS, 1, true)], &l).0, RequestError::OutOfRange { .. }));
+        assert!(matches!(
+            err(
+                &m,
+                &[d(HDR, 16, false), d(DATA, 512, true), d(STATUS, 1, true)],
+                &l
+            )
+            .0,
+            RequestError::OutOfRange { .. }
+        ));
         // seg_max and size_max.
         header(&m, req_type::IN, 0);
         let many: Vec<_> = std::iter::once(d(HDR, 16, false))
@@ -465,12 +623,29 @@ mod tests {
             .collect();
         assert_eq!(err(&m, &many, &l).0, RequestError::TooManySegments(5, 4));
         assert_eq!(
-            err(&m, &[d(HDR, 16, false), d(DATA, 128 * 1024, true), d(STATUS, 1, true)], &l).0,
+            err(
+                &m,
+                &[
+                    d(HDR, 16, false),
+                    d(DATA, 128 * 1024, true),
+                    d(STATUS, 1, true)
+                ],
+                &l
+            )
+            .0,
             RequestError::SegmentTooLarge(128 * 1024, 64 * 1024)
         );
         // Write with device-writable data.
         header(&m, req_type::OUT, 0);
-        assert_eq!(err(&m, &[d(HDR, 16, false), d(DATA, 512, true), d(STATUS, 1, true)], &l).0, RequestError::Direction(1));
+        assert_eq!(
+            err(
+                &m,
+                &[d(HDR, 16, false), d(DATA, 512, true), d(STATUS, 1, true)],
+                &l
+            )
+            .0,
+            RequestError::Direction(1)
+        );
         // Unknown type.
         header(&m, 99, 0);
         let e = err(&m, &[d(HDR, 16, false), d(STATUS, 1, true)], &l).0;
@@ -481,14 +656,30 @@ mod tests {
     #[test]
     fn read_only_refuses_writes_but_not_reads() {
         let m = mem();
-        let l = Limits { read_only: true, ..limits() };
+        let l = Limits {
+            read_only: true,
+            ..limits()
+        };
         for t in [req_type::OUT, req_type::DISCARD, req_type::WRITE_ZEROES] {
             header(&m, t, 0);
             let data = if t == req_type::OUT { 512 } else { 16 };
-            assert_eq!(err(&m, &[d(HDR, 16, false), d(DATA, data, false), d(STATUS, 1, true)], &l).0, RequestError::ReadOnly);
+            assert_eq!(
+                err(
+                    &m,
+                    &[d(HDR, 16, false), d(DATA, data, false), d(STATUS, 1, true)],
+                    &l
+                )
+                .0,
+                RequestError::ReadOnly
+            );
         }
         header(&m, req_type::IN, 0);
-        assert!(parse_descs(&m, &[d(HDR, 16, false), d(DATA, 512, true), d(STATUS, 1, true)], &l).is_ok());
+        assert!(parse_descs(
+            &m,
+            &[d(HDR, 16, false), d(DATA, 512, true), d(STATUS, 1, true)],
+            &l
+        )
+        .is_ok());
     }
 
     fn range(m: &GuestMemoryMmap, sector: u64, n: u32, flags: u32) {
@@ -504,27 +695,60 @@ mod tests {
         let descs = [d(HDR, 16, false), d(DATA, 16, false), d(STATUS, 1, true)];
         header(&m, req_type::DISCARD, 0);
         range(&m, 8, 16, 0);
-        assert_eq!(parse_descs(&m, &descs, &l).unwrap().op, Operation::Discard { sector: 8, num_sectors: 16 });
+        assert_eq!(
+            parse_descs(&m, &descs, &l).unwrap().op,
+            Operation::Discard {
+                sector: 8,
+                num_sectors: 16
+            }
+        );
         range(&m, 8, 16, 1);
         let e = err(&m, &descs, &l).0;
         assert_eq!(e.status(), status::UNSUPP, "unmap flag on discard");
         range(&m, 2040, 16, 0);
-        assert!(matches!(err(&m, &descs, &l).0, RequestError::OutOfRange { .. }));
+        assert!(matches!(
+            err(&m, &descs, &l).0,
+            RequestError::OutOfRange { .. }
+        ));
         range(&m, 0, 0, 0);
         assert_eq!(err(&m, &descs, &l).0.status(), status::IOERR);
         header(&m, req_type::WRITE_ZEROES, 0);
         range(&m, 0, 8, 1);
-        assert_eq!(parse_descs(&m, &descs, &l).unwrap().op, Operation::WriteZeroes { sector: 0, num_sectors: 8, unmap: true });
+        assert_eq!(
+            parse_descs(&m, &descs, &l).unwrap().op,
+            Operation::WriteZeroes {
+                sector: 0,
+                num_sectors: 8,
+                unmap: true
+            }
+        );
         range(&m, 0, 8, 2);
-        assert_eq!(err(&m, &descs, &l).0.status(), status::UNSUPP, "reserved flag");
+        assert_eq!(
+            err(&m, &descs, &l).0.status(),
+            status::UNSUPP,
+            "reserved flag"
+        );
         // Two ranges: we advertise max_*_seg = 1.
-        assert!(matches!(err(&m, &[d(HDR, 16, false), d(DATA, 32, false), d(STATUS, 1, true)], &l).0, RequestError::BadRange(_)));
+        assert!(matches!(
+            err(
+                &m,
+                &[d(HDR, 16, false), d(DATA, 32, false), d(STATUS, 1, true)],
+                &l
+            )
+            .0,
+            RequestError::BadRange(_)
+        ));
     }
 
     #[test]
     fn header_outside_guest_memory() {
         let m = mem();
-        let e = err(&m, &[d(0x100_0000, 16, false), d(STATUS, 1, true)], &limits()).0;
+        let e = err(
+            &m,
+            &[d(0x100_0000, 16, false), d(STATUS, 1, true)],
+            &limits(),
+        )
+        .0;
         assert_eq!(e, RequestError::Memory(0x100_0000));
     }
 
@@ -535,19 +759,42 @@ mod tests {
         let table = GuestAddress(0x38_0000);
         let entries = [
             SplitDescriptor::new(HDR, 16, VRING_DESC_F_NEXT as u16, 1),
-            SplitDescriptor::new(DATA, 2048, (VRING_DESC_F_WRITE | VRING_DESC_F_NEXT) as u16, 2),
+            SplitDescriptor::new(
+                DATA,
+                2048,
+                (VRING_DESC_F_WRITE | VRING_DESC_F_NEXT) as u16,
+                2,
+            ),
             SplitDescriptor::new(STATUS, 1, VRING_DESC_F_WRITE as u16, 0),
         ];
         for (i, e) in entries.iter().enumerate() {
-            m.write_obj(RawDescriptor::from(*e), GuestAddress(table.0 + 16 * i as u64)).unwrap();
+            m.write_obj(
+                RawDescriptor::from(*e),
+                GuestAddress(table.0 + 16 * i as u64),
+            )
+            .unwrap();
         }
         let vq = MockSplitQueue::new(&m, 16);
-        let head = RawDescriptor::from(SplitDescriptor::new(table.0, 48, VRING_DESC_F_INDIRECT as u16, 0));
+        let head = RawDescriptor::from(SplitDescriptor::new(
+            table.0,
+            48,
+            VRING_DESC_F_INDIRECT as u16,
+            0,
+        ));
         vq.add_desc_chains(&[head], 0).unwrap();
         let mut q: Queue = vq.create_queue().unwrap();
         let chain = q.pop_descriptor_chain(&m).unwrap();
         let r = parse(chain, &limits()).unwrap();
-        assert_eq!(r.op, Operation::Read { sector: 4, data: vec![Segment { addr: GuestAddress(DATA), len: 2048 }] });
+        assert_eq!(
+            r.op,
+            Operation::Read {
+                sector: 4,
+                data: vec![Segment {
+                    addr: GuestAddress(DATA),
+                    len: 2048
+                }]
+            }
+        );
         assert_eq!(r.status, GuestAddress(STATUS));
     }
 }

@@ -1,0 +1,257 @@
+//! `vqblk serve` command line: flags are the one-export shorthand of the TOML
+//! model; both end in a [`ServeConfig`].
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use log::{error, info};
+
+use crate::config::{BackendKind, CacheMode, ExportConfig, IoThreadConfig, ServeConfig};
+use crate::daemon::Daemon;
+use crate::mapping::VirtqueueMap;
+
+/// Directory of the built-in default export (`vqblk serve` with no export flags).
+pub const DEFAULT_DIR: &str = "vqblk-default";
+/// Size of the built-in default image.
+pub const DEFAULT_SIZE: &str = "1G";
+
+/// Options of `vqblk serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// TOML configuration file ([iothreads] and [[export]] tables).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["image", "socket", "backend", "map"])]
+    pub config: Option<PathBuf>,
+    /// Raw image file or block device to export.
+    #[arg(long, value_name = "PATH")]
+    pub image: Option<PathBuf>,
+    /// vhost-user socket path to listen on.
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// Export name (logs, statistics, default serial).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Number of virtqueues.
+    #[arg(long, default_value_t = 1)]
+    pub queues: u16,
+    /// Largest virtqueue size.
+    #[arg(long, default_value_t = 256)]
+    pub queue_size: u16,
+    /// Number of IOThreads in the pool.
+    #[arg(long, default_value_t = 1)]
+    pub iothreads: usize,
+    /// Pin an IOThread: ID=CPUSET (repeatable), like libvirt <iothreadpin>.
+    #[arg(long = "iothread-pin", value_name = "ID=CPUSET")]
+    pub iothread_pin: Vec<String>,
+    /// Explicit virtqueue mapping, IOTHREAD:VQ,VQ;... (QEMU iothread-vq-mapping).
+    #[arg(long, value_name = "SPEC")]
+    pub map: Option<String>,
+    /// Request engine.
+    #[arg(long, value_enum)]
+    pub backend: Option<BackendKind>,
+    /// Host page cache: none (O_DIRECT) or writeback.
+    #[arg(long, value_enum, default_value = "none")]
+    pub cache: CacheMode,
+    /// Export read-only.
+    #[arg(long)]
+    pub read_only: bool,
+    /// Serial number (GET_ID, at most 20 bytes).
+    #[arg(long)]
+    pub serial: Option<String>,
+    /// Size of a null export (e.g. 1G).
+    #[arg(long)]
+    pub size: Option<String>,
+    /// Create the image with this size if it does not exist (sparse).
+    #[arg(long, value_name = "SIZE")]
+    pub create: Option<String>,
+    /// Socket file mode, octal.
+    #[arg(long, value_name = "MODE")]
+    pub socket_mode: Option<String>,
+    /// Log level: error, warn, info, debug, trace.
+    #[arg(long, default_value = "info")]
+    pub log_level: String,
+    /// Write the statistics as JSON to this file on exit and on SIGUSR1.
+    #[arg(long, value_name = "FILE")]
+    pub stats_file: Option<PathBuf>,
+}
+
+impl ServeArgs {
+    /// Builds the serve model these flags describe. Returns it and whether it is
+    /// the built-in default.
+    pub fn to_config(&self) -> Result<(ServeConfig, bool), String> {
+        if let Some(path) = &self.config {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("--config {}: {e}", path.display()))?;
+            let cfg =
+                ServeConfig::from_toml(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+            return Ok((cfg, false));
+        }
+        let default = self.image.is_none() && self.backend != Some(BackendKind::Null);
+        let mut e = ExportConfig::new(self.socket.clone().unwrap_or_default());
+        let (mut queues, mut iothreads, mut create) =
+            (self.queues, self.iothreads, self.create.clone());
+        if default {
+            // The built-in default: a sparse image under a clearly named path.
+            let dir = PathBuf::from(DEFAULT_DIR);
+            e.image = Some(dir.join("disk.raw"));
+            if self.socket.is_none() {
+                e.socket = dir.join("disk.sock");
+            }
+            if queues == 1 {
+                queues = 4;
+            }
+            if iothreads == 1 {
+                iothreads = 2;
+            }
+            create = create.or(Some(DEFAULT_SIZE.into()));
+            std::fs::create_dir_all(&dir).map_err(|err| format!("{DEFAULT_DIR}: {err}"))?;
+        } else {
+            if self.socket.is_none() {
+                return Err("--socket: missing (the vhost-user socket path to listen on)".into());
+            }
+            e.image = self.image.clone();
+        }
+        e.name = self.name.clone();
+        e.queues = queues;
+        e.queue_size = self.queue_size;
+        e.backend = self.backend.unwrap_or(BackendKind::IoUring);
+        e.cache = self.cache;
+        e.read_only = self.read_only;
+        e.serial = self.serial.clone();
+        e.size = self.size.clone();
+        e.create = create;
+        e.socket_mode = self.socket_mode.clone();
+        if let Some(spec) = &self.map {
+            e.iothread_vq_mapping =
+                Some(VirtqueueMap::parse_spec(spec).map_err(|m| format!("--map: {m}"))?);
+        }
+        let mut cfg = ServeConfig {
+            exports: vec![e],
+            ..Default::default()
+        };
+        cfg.iothreads.count = iothreads;
+        for pin in &self.iothread_pin {
+            let (id, cpuset) = pin
+                .split_once('=')
+                .ok_or_else(|| format!("--iothread-pin: {pin:?} is not ID=CPUSET (e.g. 0=2-3)"))?;
+            let id = id
+                .trim()
+                .parse()
+                .map_err(|_| format!("--iothread-pin: {id:?} is not an IOThread index"))?;
+            cfg.iothreads.threads.push(IoThreadConfig {
+                id,
+                cpuset: Some(cpuset.to_string()),
+            });
+        }
+        Ok((cfg, default))
+    }
+}
+
+/// Sets up logging as `ts level thread target: message` lines on stderr.
+pub fn init_logging(level: &str) -> Result<(), String> {
+    let filter: log::LevelFilter = level.parse().map_err(|_| {
+        format!("--log-level: {level:?} is not one of error, warn, info, debug, trace")
+    })?;
+    let _ = env_logger::Builder::new()
+        .filter_level(filter)
+        .format(|buf, r| {
+            let t = std::thread::current();
+            writeln!(
+                buf,
+                "{} level={} thread={} target={} msg={:?}",
+                buf.timestamp_millis(),
+                r.level(),
+                t.name().unwrap_or("?"),
+                r.target(),
+                r.args().to_string()
+            )
+        })
+        .try_init();
+    Ok(())
+}
+
+fn qemu_command_line(socket: &Path, queues: u16) -> String {
+    format!(
+        "qemu-system-x86_64 -M q35,memory-backend=mem -m 1G \\\n  \
+         -object memory-backend-memfd,id=mem,size=1G,share=on \\\n  \
+         -chardev socket,id=c0,path={},reconnect-ms=1000 \\\n  \
+         -device vhost-user-blk-pci,chardev=c0,num-queues={queues} ...",
+        socket.display()
+    )
+}
+
+/// `vqblk serve`: runs until SIGINT/SIGTERM; returns the exit code.
+pub fn run_serve(args: ServeArgs) -> i32 {
+    if let Err(e) = init_logging(&args.log_level) {
+        eprintln!("vqblk serve: {e}");
+        return 2;
+    }
+    let (cfg, default) = match args.to_config() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("vqblk serve: {e}");
+            return 2;
+        }
+    };
+    let signals =
+        match signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM, libc::SIGUSR1]) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("vqblk serve: cannot install signal handlers: {e}");
+                return 1;
+            }
+        };
+    let daemon = match Daemon::start(&cfg) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("vqblk serve: {e}");
+            return 2;
+        }
+    };
+    if default {
+        let e = &cfg.exports[0];
+        println!(
+            "vqblk: serving the built-in default export: image {} ({} sparse, created if missing), \
+             {} queues over {} IOThreads, on socket {}",
+            e.image.as_ref().unwrap().display(),
+            DEFAULT_SIZE,
+            e.queues,
+            cfg.iothreads.count,
+            e.socket.display()
+        );
+    }
+    for (e, sock) in cfg.exports.iter().zip(daemon.sockets()) {
+        let sock = std::path::absolute(&sock).unwrap_or(sock);
+        println!(
+            "vqblk: attach with:\n{}",
+            qemu_command_line(&sock, e.queues)
+        );
+    }
+    let _ = std::io::stdout().flush();
+    let mut signals = signals;
+    for sig in signals.forever() {
+        if sig == libc::SIGUSR1 {
+            write_stats(&args.stats_file, &daemon.stats());
+            continue;
+        }
+        info!("signal {sig}: shutting down");
+        break;
+    }
+    let stats = daemon.shutdown();
+    match serde_json::to_string(&stats) {
+        Ok(j) => info!("statistics {j}"),
+        Err(e) => error!("statistics: {e}"),
+    }
+    write_stats(&args.stats_file, &stats);
+    0
+}
+
+fn write_stats(path: &Option<PathBuf>, stats: &crate::stats::DaemonSnapshot) {
+    if let Some(p) = path {
+        let json = serde_json::to_string_pretty(stats).unwrap_or_default();
+        let tmp = p.with_extension("tmp");
+        if let Err(e) = std::fs::write(&tmp, json).and_then(|_| std::fs::rename(&tmp, p)) {
+            error!("--stats-file {}: {e}", p.display());
+        }
+    }
+}

@@ -1,0 +1,335 @@
+//! The daemon: opens the disks, starts the IOThread pool, listens on every
+//! export's socket (one control thread each) and shuts everything down in
+//! order: stop accepting, drain, fsync, remove the sockets.
+
+use std::fs;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use log::{error, info, warn};
+use vhost::vhost_user::{BackendReqHandler, Error as VhostError};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use crate::block::{BlockError, Disk};
+use crate::config::{parse_cpuset, BackendKind, ConfigError, ServeConfig};
+use crate::iothread::{BlockDevice, IoThreadHandle};
+use crate::stats::DaemonSnapshot;
+use crate::vhost_user::{Connection, ExportShared};
+use crate::virtio::request::Limits;
+use crate::virtio::{BlkGeometry, ID_BYTES, SECTOR_SIZE};
+
+/// Largest data segment we accept (virtio-blk `size_max`).
+pub const SIZE_MAX: u32 = 4 << 20;
+/// Largest discard / write-zeroes, in sectors (1 GiB).
+pub const MAX_ZERO_SECTORS: u32 = 1 << 21;
+
+/// Why the daemon could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// An export's image could not be opened.
+    #[error("export {export}: {source}")]
+    Block {
+        /// Export name.
+        export: String,
+        /// What went wrong.
+        #[source]
+        source: BlockError,
+    },
+    /// A socket could not be created.
+    #[error("export {export}: socket {path}: {message}")]
+    Socket {
+        /// Export name.
+        export: String,
+        /// Socket path.
+        path: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
+    /// A thread could not be started.
+    #[error("cannot start a thread: {0}")]
+    Thread(#[from] io::Error),
+}
+
+struct ExportRunner {
+    name: String,
+    socket: PathBuf,
+    shared: Arc<ExportShared>,
+    control: Option<JoinHandle<()>>,
+}
+
+/// A running daemon.
+pub struct Daemon {
+    iothreads: Arc<Vec<IoThreadHandle>>,
+    exports: Vec<ExportRunner>,
+    shutdown: Arc<EventFd>,
+}
+
+impl Daemon {
+    /// Validates `config`, opens every export and starts serving.
+    pub fn start(config: &ServeConfig) -> Result<Daemon, DaemonError> {
+        let plans = config.validate()?;
+        // Open every disk before starting anything, so a bad export fails fast.
+        let mut disks = Vec::new();
+        for p in &plans {
+            let c = &p.config;
+            let disk = match c.backend {
+                BackendKind::Null => Disk::null(p.size.unwrap_or(0), c.read_only),
+                kind => Disk::open(
+                    c.image.as_deref().unwrap(),
+                    kind,
+                    c.cache,
+                    c.read_only,
+                    p.create,
+                )
+                .map_err(|source| DaemonError::Block {
+                    export: p.name.clone(),
+                    source,
+                })?,
+            };
+            disks.push(disk);
+        }
+        let mut threads = Vec::new();
+        for i in 0..config.iothreads.count {
+            let cpus = config
+                .iothreads
+                .threads
+                .iter()
+                .find(|t| t.id == i)
+                .and_then(|t| t.cpuset.as_deref())
+                .map(|c| parse_cpuset(c).expect("validated"));
+            threads.push(IoThreadHandle::spawn(i, cpus)?);
+        }
+        let iothreads = Arc::new(threads);
+        let shutdown = Arc::new(EventFd::new(EFD_NONBLOCK)?);
+        let mut daemon = Daemon {
+            iothreads: iothreads.clone(),
+            exports: Vec::new(),
+            shutdown: shutdown.clone(),
+        };
+        for (index, (plan, disk)) in plans.into_iter().zip(disks).enumerate() {
+            let c = &plan.config;
+            let queue_size = c.queue_size;
+            let geometry = BlkGeometry {
+                capacity_sectors: disk.size / SECTOR_SIZE,
+                blk_size: disk.logical_block_size,
+                physical_block_exp: 0,
+                size_max: SIZE_MAX,
+                seg_max: queue_size.min(1024) as u32 - 2,
+                num_queues: c.queues,
+                max_discard_sectors: MAX_ZERO_SECTORS,
+                max_write_zeroes_sectors: MAX_ZERO_SECTORS,
+                write_zeroes_may_unmap: true,
+                read_only: c.read_only,
+            };
+            let limits = Limits {
+                capacity_sectors: geometry.capacity_sectors,
+                seg_max: geometry.seg_max,
+                size_max: geometry.size_max,
+                max_discard_sectors: geometry.max_discard_sectors,
+                max_write_zeroes_sectors: geometry.max_write_zeroes_sectors,
+                read_only: c.read_only,
+            };
+            let mut serial = [0u8; ID_BYTES];
+            let s = c.serial.clone().unwrap_or_else(|| plan.name.clone());
+            let n = s.len().min(ID_BYTES);
+            serial[..n].copy_from_slice(&s.as_bytes()[..n]);
+            let size = disk.size;
+            let device = Arc::new(BlockDevice {
+                name: plan.name.clone(),
+                disk,
+                limits,
+                serial,
+            });
+            let shared = Arc::new(ExportShared {
+                index,
+                geometry,
+                device,
+                map: plan.map.clone(),
+                max_queue_size: queue_size,
+                iothreads: iothreads.clone(),
+            });
+            let sock_err = |message: String| DaemonError::Socket {
+                export: plan.name.clone(),
+                path: c.socket.clone(),
+                message,
+            };
+            let listener = bind_socket(&c.socket, plan.socket_mode).map_err(sock_err)?;
+            info!(
+                "export {}: {} ({} bytes, backend {:?}, cache {:?}{}) on {} with {} queues, mapping {}",
+                plan.name,
+                c.image.as_deref().map_or("null".into(), |p| p.display().to_string()),
+                size,
+                c.backend,
+                c.cache,
+                if c.read_only { ", read-only" } else { "" },
+                c.socket.display(),
+                c.queues,
+                plan.map
+            );
+            let (sh, sd) = (shared.clone(), shutdown.clone());
+            let control = std::thread::Builder::new()
+                .name(format!("vqblk-ctl{index}"))
+                .spawn(move || control_loop(listener, sh, sd))?;
+            daemon.exports.push(ExportRunner {
+                name: plan.name,
+                socket: c.socket.clone(),
+                shared,
+                control: Some(control),
+            });
+        }
+        Ok(daemon)
+    }
+
+    /// The sockets, in export order.
+    pub fn sockets(&self) -> Vec<PathBuf> {
+        self.exports.iter().map(|e| e.socket.clone()).collect()
+    }
+
+    /// Counters of every IOThread.
+    pub fn stats(&self) -> DaemonSnapshot {
+        DaemonSnapshot {
+            iothreads: self.iothreads.iter().map(|t| t.stats.snapshot()).collect(),
+        }
+    }
+
+    /// Stops accepting, drains in-flight requests, fsyncs writable images and
+    /// removes the sockets.
+    pub fn shutdown(mut self) -> DaemonSnapshot {
+        self.stop();
+        self.stats()
+    }
+
+    fn stop(&mut self) {
+        let _ = self.shutdown.write(1);
+        for e in &mut self.exports {
+            if let Some(j) = e.control.take() {
+                let _ = j.join();
+            }
+        }
+        // Every connection is closed and drained; stop the IOThreads.
+        if let Some(threads) = Arc::get_mut(&mut self.iothreads) {
+            for t in threads.iter_mut() {
+                t.stop();
+            }
+        }
+        for e in &self.exports {
+            if let Err(err) = e.shared.device.disk.sync() {
+                error!("export {}: fsync failed: {err}", e.name);
+            }
+            let _ = fs::remove_file(&e.socket);
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Binds the listening socket, replacing a stale socket file but never a live
+/// one or a file that is not a socket.
+fn bind_socket(path: &Path, mode: u32) -> Result<UnixListener, String> {
+    match fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => {
+            if UnixStream::connect(path).is_ok() {
+                return Err("another process is listening on it".into());
+            }
+            fs::remove_file(path).map_err(|e| format!("cannot remove the stale socket: {e}"))?;
+        }
+        Ok(_) => return Err("exists and is not a socket".into()),
+        Err(_) => {}
+    }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create directory {}: {e}", dir.display()))?;
+    }
+    let l = UnixListener::bind(path).map_err(|e| e.to_string())?;
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))
+        .map_err(|e| format!("chmod: {e}"))?;
+    Ok(l)
+}
+
+/// Waits until `fd` is readable or the shutdown eventfd fires; true on shutdown.
+fn wait_readable(fd: i32, shutdown: &EventFd) -> bool {
+    let mut fds = [
+        libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: shutdown.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    loop {
+        // SAFETY: `fds` is a live array of two pollfd structs.
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if r < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+            continue;
+        }
+        return r < 0 || fds[1].revents != 0;
+    }
+}
+
+/// One export's control thread: accept a frontend, serve its vhost-user
+/// messages until it goes away, drain, and accept the next one.
+fn control_loop(listener: UnixListener, shared: Arc<ExportShared>, shutdown: Arc<EventFd>) {
+    let name = shared.device.name.clone();
+    loop {
+        if wait_readable(listener.as_raw_fd(), &shutdown) {
+            break;
+        }
+        let stream = match listener.accept() {
+            Ok((s, _)) => s,
+            Err(e) => {
+                warn!("export {name}: accept failed: {e}");
+                continue;
+            }
+        };
+        info!("export {name}: frontend connected");
+        let conn = Arc::new(Mutex::new(Connection::new(shared.clone())));
+        let fd = stream.as_raw_fd();
+        let mut handler = BackendReqHandler::from_stream(stream, conn.clone());
+        let mut stopping = false;
+        loop {
+            if wait_readable(fd, &shutdown) {
+                stopping = true;
+                break;
+            }
+            match handler.handle_request() {
+                Ok(()) => {}
+                // The frontend was told (REPLY_ACK) and the stream is intact.
+                Err(
+                    e @ (VhostError::InvalidParam
+                    | VhostError::InvalidOperation(_)
+                    | VhostError::ReqHandlerError(_)
+                    | VhostError::InactiveFeature(_)
+                    | VhostError::InactiveOperation(_)),
+                ) => warn!("export {name}: request refused: {e}"),
+                Err(VhostError::Disconnected) => break,
+                Err(e) => {
+                    warn!("export {name}: closing the connection: {e}");
+                    break;
+                }
+            }
+        }
+        // Drain: every started ring waits for its in-flight requests.
+        conn.lock().unwrap().stop_all();
+        drop(handler);
+        info!("export {name}: frontend disconnected");
+        if stopping {
+            break;
+        }
+    }
+}

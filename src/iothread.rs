@@ -1,0 +1,1017 @@
+//! IOThreads: the request engine.
+//!
+//! Each IOThread is one OS thread (`vqblk-iotN`) running one event loop. It owns
+//! the virtqueues mapped to it (their `Queue` state, kick and call fds), its own
+//! backend engines (one io_uring, one worker pool) and its counters. A request is
+//! popped, parsed, submitted, completed and signalled in the thread that owns its
+//! queue; nothing on that path is shared with another IOThread.
+//!
+//! The control plane (the vhost-user connection threads) talks to an IOThread
+//! only through [`Command`]s sent over a channel plus a wake-up eventfd.
+
+use std::alloc::{alloc, dealloc, Layout};
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
+use std::sync::mpsc::{channel, Receiver, Sender, SyncSender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use log::{debug, error, info, warn};
+use virtio_queue::{Queue, QueueT};
+use vm_memory::{
+    Bytes, GuestAddress, GuestAddressSpace, GuestMemory, GuestMemoryAtomic, GuestMemoryMmap,
+    Permissions,
+};
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use crate::block::{Completion, Disk, Engines, IoKind, IoOp};
+use crate::config::BackendKind;
+use crate::stats::{IoThreadStats, QueueCounters};
+use crate::virtio::request::{self, Limits, Operation, Request, Segment};
+use crate::virtio::{status, ID_BYTES, SECTOR_SIZE};
+
+/// Guest memory as mapped by the daemon.
+pub type GuestMem = GuestMemoryMmap<()>;
+/// The guest memory map shared by a connection and the IOThreads serving it;
+/// replaced (RCU-style) on SET_MEM_TABLE / ADD_MEM_REG / REM_MEM_REG.
+pub type GuestMemHandle = GuestMemoryAtomic<GuestMem>;
+
+/// Largest number of host iovecs in one request (Linux IOV_MAX).
+const IOV_MAX: usize = 1024;
+
+/// What an IOThread needs to execute one export's requests.
+#[derive(Debug)]
+pub struct BlockDevice {
+    /// Export name, for logs and statistics.
+    pub name: String,
+    /// The opened disk.
+    pub disk: Disk,
+    /// Validation limits (capacity, seg_max, ...).
+    pub limits: Limits,
+    /// GET_ID answer, NUL-padded.
+    pub serial: [u8; ID_BYTES],
+}
+
+/// Identifies a virtqueue across the daemon.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueKey {
+    /// Export index.
+    pub export: usize,
+    /// Virtqueue index within the export.
+    pub queue: u16,
+}
+
+/// A started virtqueue handed to its owner IOThread.
+pub struct QueueAttach {
+    /// Which queue.
+    pub key: QueueKey,
+    /// Ring state, ready and validated against `mem`.
+    pub queue: Queue,
+    /// The guest's kick eventfd.
+    pub kick: File,
+    /// The eventfd to signal the guest with (None: poll mode frontend).
+    pub call: Option<File>,
+    /// Guest memory.
+    pub mem: GuestMemHandle,
+    /// The device the queue belongs to.
+    pub device: Arc<BlockDevice>,
+}
+
+/// Control-plane requests to an IOThread.
+pub enum Command {
+    /// Start serving a queue.
+    Attach(Box<QueueAttach>),
+    /// Stop serving a queue: stop popping, wait for its in-flight requests,
+    /// then reply with the next avail index (GET_VRING_BASE).
+    Detach {
+        /// Which queue.
+        key: QueueKey,
+        /// Receives the queue's next avail index once drained.
+        reply: SyncSender<u16>,
+    },
+    /// Replace a running queue's call fd.
+    SetCall {
+        /// Which queue.
+        key: QueueKey,
+        /// The new call fd.
+        call: Option<File>,
+    },
+    /// Drain everything and exit the thread.
+    Stop,
+}
+
+/// The control plane's handle on one IOThread.
+pub struct IoThreadHandle {
+    /// Index in the pool.
+    pub index: usize,
+    /// Counters, readable at any time.
+    pub stats: Arc<IoThreadStats>,
+    tx: Sender<Command>,
+    wake: Arc<EventFd>,
+    join: Option<JoinHandle<()>>,
+}
+
+impl IoThreadHandle {
+    /// Starts IOThread `index`, pinned to `cpus` when given.
+    pub fn spawn(index: usize, cpus: Option<Vec<usize>>) -> io::Result<Self> {
+        let name = format!("vqblk-iot{index}");
+        let stats = Arc::new(IoThreadStats::new(name.clone()));
+        let wake = Arc::new(EventFd::new(EFD_NONBLOCK)?);
+        let (tx, rx) = channel();
+        let epoll = Epoll::new()?;
+        epoll.ctl(
+            ControlOperation::Add,
+            wake.as_raw_fd(),
+            EpollEvent::new(EventSet::IN, TOKEN_WAKE),
+        )?;
+        let (thread_wake, thread_stats) = (wake.clone(), stats.clone());
+        let join = std::thread::Builder::new()
+            .name(name.clone())
+            .spawn(move || {
+                let mut t = IoThread {
+                    name: name.clone(),
+                    epoll,
+                    wake: thread_wake,
+                    rx,
+                    queues: Vec::new(),
+                    inflight: Vec::new(),
+                    free: Vec::new(),
+                    engines: Engines::default(),
+                    registered: [false; 2],
+                    stats: thread_stats,
+                    warn: WarnLimiter::default(),
+                    stopping: false,
+                    completions: Vec::new(),
+                };
+                // SAFETY: gettid has no preconditions.
+                let tid = unsafe { libc::gettid() } as u64;
+                t.stats.tid.store(tid, std::sync::atomic::Ordering::Relaxed);
+                if let Some(cpus) = cpus {
+                    pin_to(&cpus);
+                }
+                t.run();
+            })?;
+        Ok(IoThreadHandle {
+            index,
+            stats,
+            tx,
+            wake,
+            join: Some(join),
+        })
+    }
+
+    /// Sends a command and wakes the thread.
+    pub fn send(&self, cmd: Command) {
+        if self.tx.send(cmd).is_ok() {
+            let _ = self.wake.write(1);
+        }
+    }
+
+    /// Stops the thread after draining and waits for it.
+    pub fn stop(&mut self) {
+        self.send(Command::Stop);
+        if let Some(j) = self.join.take() {
+            let _ = j.join();
+        }
+    }
+}
+
+impl Drop for IoThreadHandle {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn pin_to(cpus: &[usize]) {
+    // SAFETY: cpu_set_t is plain data; zeroed is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &c in cpus {
+        // SAFETY: CPU_SET writes within `set`; c < 1024 = CPU_SETSIZE (checked by the config).
+        unsafe { libc::CPU_SET(c, &mut set) };
+    }
+    // SAFETY: the pointer and size describe the live local `set`.
+    let r = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    if r != 0 {
+        warn!(
+            "cannot pin IOThread to CPUs {cpus:?}: {}",
+            io::Error::last_os_error()
+        );
+    }
+}
+
+const TOKEN_WAKE: u64 = 0;
+const TOKEN_URING: u64 = 1;
+const TOKEN_POOL: u64 = 2;
+const TOKEN_KICK_BASE: u64 = 16;
+
+/// A virtqueue served by this thread.
+struct QueueSlot {
+    key: QueueKey,
+    queue: Queue,
+    kick: File,
+    call: Option<File>,
+    mem: GuestMemHandle,
+    device: Arc<BlockDevice>,
+    counters: Arc<QueueCounters>,
+    /// Requests popped and not yet completed.
+    inflight: usize,
+    /// Used ring entries added since the last notification check.
+    dirty: bool,
+    /// A Detach is waiting for this queue to drain.
+    detach: Option<SyncSender<u16>>,
+    /// The ring could not be accessed: stop touching it until detached.
+    broken: bool,
+}
+
+/// An aligned buffer for O_DIRECT when guest buffers are not aligned.
+struct Bounce {
+    ptr: *mut u8,
+    layout: Layout,
+}
+
+impl Bounce {
+    fn new(len: usize) -> Option<Bounce> {
+        let layout = Layout::from_size_align(len.max(1), 4096).ok()?;
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { alloc(layout) };
+        (!ptr.is_null()).then_some(Bounce { ptr, layout })
+    }
+    fn slice(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` is a live allocation of `layout.size()` bytes owned by self.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.layout.size()) }
+    }
+}
+
+impl Drop for Bounce {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout and not freed elsewhere.
+        unsafe { dealloc(self.ptr, self.layout) }
+    }
+}
+
+/// A request submitted to a backend and not yet completed.
+struct Inflight {
+    slot: usize,
+    head: u16,
+    status: GuestAddress,
+    /// Keeps the guest memory mapping alive while the kernel or a worker may
+    /// still access it (memory can be replaced by the control plane meanwhile).
+    mem: Arc<GuestMem>,
+    /// The iovecs the operation points to (heap: stable address).
+    iov: Vec<libc::iovec>,
+    op: IoOp,
+    /// Bytes transferred so far (for short reads/writes).
+    done: u64,
+    /// Guest segments, when a bounce buffer stands in for them.
+    bounce: Option<(Bounce, Vec<Segment>)>,
+}
+
+#[derive(Default)]
+struct WarnLimiter {
+    window: Option<Instant>,
+    count: u32,
+    suppressed: u64,
+}
+
+impl WarnLimiter {
+    /// At most 10 warnings per second per IOThread.
+    fn allow(&mut self) -> bool {
+        let now = Instant::now();
+        match self.window {
+            Some(w) if now.duration_since(w).as_secs() < 1 => {}
+            _ => {
+                if self.suppressed > 0 {
+                    warn!("{} similar warnings suppressed", self.suppressed);
+                }
+                self.window = Some(now);
+                self.count = 0;
+                self.suppressed = 0;
+            }
+        }
+        self.count += 1;
+        if self.count > 10 {
+            self.suppressed += 1;
+            false
+        } else {
+            true
+        }
+    }
+}
+
+struct IoThread {
+    name: String,
+    epoll: Epoll,
+    wake: Arc<EventFd>,
+    rx: Receiver<Command>,
+    queues: Vec<Option<QueueSlot>>,
+    inflight: Vec<Option<Inflight>>,
+    free: Vec<usize>,
+    engines: Engines,
+    /// Whether the io_uring / pool notify fds are in the epoll set.
+    registered: [bool; 2],
+    stats: Arc<IoThreadStats>,
+    warn: WarnLimiter,
+    stopping: bool,
+    completions: Vec<Completion>,
+}
+
+impl IoThread {
+    fn run(&mut self) {
+        debug!("{} started", self.name);
+        let mut events = vec![EpollEvent::default(); 64];
+        let mut kicked: Vec<usize> = Vec::new();
+        loop {
+            if self.stopping && self.inflight_total() == 0 {
+                break;
+            }
+            let n = match self.epoll.wait(-1, &mut events) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    error!("{}: epoll_wait failed: {e}", self.name);
+                    break;
+                }
+            };
+            self.stats.passes.add(1);
+            let mut completed = false;
+            for ev in &events[..n] {
+                match ev.data() {
+                    TOKEN_WAKE => {
+                        let _ = self.wake.read();
+                        self.handle_commands();
+                    }
+                    TOKEN_URING | TOKEN_POOL => completed = true,
+                    t => {
+                        let slot = (t - TOKEN_KICK_BASE) as usize;
+                        if let Some(Some(q)) = self.queues.get_mut(slot) {
+                            let mut buf = [0u8; 8];
+                            let _ = (&q.kick).read(&mut buf);
+                            kicked.push(slot);
+                        }
+                    }
+                }
+            }
+            if completed {
+                self.stats.completion_wakeups.add(1);
+            }
+            if !kicked.is_empty() {
+                self.stats.kick_wakeups.add(1);
+            }
+            for slot in kicked.drain(..) {
+                self.process_queue(slot);
+            }
+            self.complete_all();
+            self.finish_pass();
+        }
+        info!(
+            "{} stopped: {} requests served",
+            self.name,
+            self.stats.requests.get()
+        );
+    }
+
+    fn inflight_total(&self) -> usize {
+        self.queues.iter().flatten().map(|q| q.inflight).sum()
+    }
+
+    fn handle_commands(&mut self) {
+        while let Ok(cmd) = self.rx.try_recv() {
+            match cmd {
+                Command::Attach(a) => self.attach(*a),
+                Command::Detach { key, reply } => {
+                    match self.slot_of(key) {
+                        Some(slot) => {
+                            let q = self.queues[slot].as_mut().unwrap();
+                            let _ = self.epoll.ctl(
+                                ControlOperation::Delete,
+                                q.kick.as_raw_fd(),
+                                EpollEvent::default(),
+                            );
+                            q.detach = Some(reply);
+                        }
+                        // Never attached here: nothing to drain.
+                        None => drop(reply),
+                    }
+                }
+                Command::SetCall { key, call } => {
+                    if let Some(slot) = self.slot_of(key) {
+                        self.queues[slot].as_mut().unwrap().call = call;
+                    }
+                }
+                Command::Stop => {
+                    self.stopping = true;
+                    // Stop accepting guest work: detach-style drain of every queue.
+                    for q in self.queues.iter_mut().flatten() {
+                        let _ = self.epoll.ctl(
+                            ControlOperation::Delete,
+                            q.kick.as_raw_fd(),
+                            EpollEvent::default(),
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    fn slot_of(&self, key: QueueKey) -> Option<usize> {
+        self.queues.iter().position(|q| {
+            q.as_ref()
+                .is_some_and(|q| q.key == key && q.detach.is_none())
+        })
+    }
+
+    fn attach(&mut self, a: QueueAttach) {
+        let slot = self
+            .queues
+            .iter()
+            .position(Option::is_none)
+            .unwrap_or_else(|| {
+                self.queues.push(None);
+                self.queues.len() - 1
+            });
+        // Kick fds may be blocking; we only read them after epoll said readable,
+        // but make sure a spurious wake-up can never block the loop.
+        set_nonblocking(&a.kick);
+        if let Err(e) = self.epoll.ctl(
+            ControlOperation::Add,
+            a.kick.as_raw_fd(),
+            EpollEvent::new(EventSet::IN, TOKEN_KICK_BASE + slot as u64),
+        ) {
+            error!(
+                "{}: cannot watch kick fd of {}/q{}: {e}",
+                self.name, a.device.name, a.key.queue
+            );
+            return;
+        }
+        let counters = self.stats.queue(&a.device.name, a.key.queue);
+        debug!(
+            "{}: serving {} queue {}",
+            self.name, a.device.name, a.key.queue
+        );
+        self.queues[slot] = Some(QueueSlot {
+            key: a.key,
+            queue: a.queue,
+            kick: a.kick,
+            call: a.call,
+            mem: a.mem,
+            device: a.device,
+            counters,
+            inflight: 0,
+            dirty: false,
+            detach: None,
+            broken: false,
+        });
+        // Requests may have been queued before the kick fd was handed over.
+        self.process_queue(slot);
+        self.complete_all();
+        self.finish_pass();
+    }
+
+    /// Pops every available request of a queue and submits it.
+    fn process_queue(&mut self, slot: usize) {
+        let Some(q) = self.queues[slot].as_mut() else {
+            return;
+        };
+        if q.detach.is_some() || q.broken || self.stopping {
+            return;
+        }
+        let mem = q.mem.memory().into_inner();
+        loop {
+            let q = self.queues[slot].as_mut().unwrap();
+            if let Err(e) = q.queue.disable_notification(&*mem) {
+                self.break_queue(slot, e);
+                return;
+            }
+            loop {
+                let q = self.queues[slot].as_mut().unwrap();
+                let Some(chain) = q.queue.pop_descriptor_chain(&*mem) else {
+                    break;
+                };
+                let limits = q.device.limits;
+                let parsed = request::parse(chain, &limits);
+                q.inflight += 1;
+                match parsed {
+                    Ok(req) => self.execute(slot, req, &mem),
+                    Err(rej) => {
+                        let q = self.queues[slot].as_ref().unwrap();
+                        if self.warn.allow() {
+                            warn!(
+                                "{} queue {}: malformed request: {}",
+                                q.device.name, q.key.queue, rej.error
+                            );
+                        }
+                        self.stats.errors.add(1);
+                        let st = rej.error.status();
+                        self.finish(slot, rej.head, rej.status, st, 0, &mem);
+                    }
+                }
+            }
+            let q = self.queues[slot].as_mut().unwrap();
+            match q.queue.enable_notification(&*mem) {
+                Ok(true) => continue, // more arrived while notifications were off
+                Ok(false) => break,
+                Err(e) => {
+                    self.break_queue(slot, e);
+                    return;
+                }
+            }
+        }
+    }
+
+    fn break_queue(&mut self, slot: usize, e: virtio_queue::Error) {
+        let q = self.queues[slot].as_mut().unwrap();
+        error!(
+            "{} queue {}: ring not accessible ({e}); queue stopped until reset",
+            q.device.name, q.key.queue
+        );
+        q.broken = true;
+    }
+
+    /// Turns a parsed request into a backend operation, or completes it here.
+    fn execute(&mut self, slot: usize, req: Request, mem: &Arc<GuestMem>) {
+        let device = self.queues[slot].as_ref().unwrap().device.clone();
+        let disk = &device.disk;
+        let Request {
+            head,
+            op,
+            status: st,
+        } = req;
+        let (kind, offset, len, segs) = match op {
+            Operation::GetId { data } => {
+                let mut written = 0usize;
+                for s in &data {
+                    let n = (s.len as usize).min(ID_BYTES - written);
+                    if n == 0 {
+                        break;
+                    }
+                    if mem
+                        .write_slice(&device.serial[written..written + n], s.addr)
+                        .is_err()
+                    {
+                        return self.finish(slot, head, Some(st), status::IOERR, 0, mem);
+                    }
+                    written += n;
+                }
+                return self.finish(slot, head, Some(st), status::OK, written as u32, mem);
+            }
+            Operation::Flush if disk.read_only || disk.kind == BackendKind::Null => {
+                return self.finish(slot, head, Some(st), status::OK, 0, mem);
+            }
+            Operation::Flush => (IoKind::Flush, 0, 0, Vec::new()),
+            Operation::Read { sector, data } => {
+                let len = data.iter().map(|s| s.len as u64).sum();
+                (IoKind::Read, sector * SECTOR_SIZE, len, data)
+            }
+            Operation::Write { sector, data } => {
+                let len = data.iter().map(|s| s.len as u64).sum();
+                (IoKind::Write, sector * SECTOR_SIZE, len, data)
+            }
+            Operation::Discard {
+                sector,
+                num_sectors,
+            } => (
+                IoKind::Discard,
+                sector * SECTOR_SIZE,
+                num_sectors as u64 * SECTOR_SIZE,
+                Vec::new(),
+            ),
+            Operation::WriteZeroes {
+                sector,
+                num_sectors,
+                unmap,
+            } => {
+                let op = (
+                    IoKind::WriteZeroes,
+                    sector * SECTOR_SIZE,
+                    num_sectors as u64 * SECTOR_SIZE,
+                    Vec::new(),
+                );
+                // Punching a hole is the cheapest way to zero when unmapping is allowed.
+                return self.submit(slot, head, st, op, unmap, mem, &device);
+            }
+        };
+        self.submit(
+            slot,
+            head,
+            st,
+            (kind, offset, len, segs),
+            false,
+            mem,
+            &device,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn submit(
+        &mut self,
+        slot: usize,
+        head: u16,
+        st: GuestAddress,
+        (kind, offset, len, segs): (IoKind, u64, u64, Vec<Segment>),
+        punch: bool,
+        mem: &Arc<GuestMem>,
+        device: &Arc<BlockDevice>,
+    ) {
+        let disk = &device.disk;
+        let mut iov = Vec::new();
+        let mut bounce = None;
+        if matches!(kind, IoKind::Read | IoKind::Write) {
+            match guest_iovecs(mem, &segs) {
+                Some(v) if v.len() <= IOV_MAX && (!disk.direct || aligned(&v, disk.align)) => {
+                    iov = v
+                }
+                Some(_) => {
+                    // Unaligned for O_DIRECT (or too fragmented): go through an aligned copy.
+                    let Some(mut b) = Bounce::new(len as usize) else {
+                        return self.finish(slot, head, Some(st), status::IOERR, 0, mem);
+                    };
+                    if kind == IoKind::Write && copy_from_guest(mem, &segs, b.slice()).is_err() {
+                        return self.finish(slot, head, Some(st), status::IOERR, 0, mem);
+                    }
+                    iov.push(libc::iovec {
+                        iov_base: b.ptr.cast(),
+                        iov_len: len as usize,
+                    });
+                    bounce = Some((b, segs));
+                }
+                None => {
+                    if self.warn.allow() {
+                        warn!("{}: data buffer outside guest memory", device.name);
+                    }
+                    self.stats.errors.add(1);
+                    return self.finish(slot, head, Some(st), status::IOERR, 0, mem);
+                }
+            }
+        }
+        let op = IoOp {
+            kind,
+            offset,
+            len,
+            iov: iov.as_ptr(),
+            iovcnt: iov.len() as u32,
+            dsync: kind == IoKind::Write && disk.writethrough(),
+            punch,
+        };
+        let token = self.free.pop().unwrap_or_else(|| {
+            self.inflight.push(None);
+            self.inflight.len() - 1
+        });
+        self.inflight[token] = Some(Inflight {
+            slot,
+            head,
+            status: st,
+            mem: mem.clone(),
+            iov,
+            op,
+            done: 0,
+            bounce,
+        });
+        if let Err(e) = self.submit_token(token, device) {
+            error!(
+                "{}: cannot submit to the {:?} backend: {e}",
+                device.name, disk.kind
+            );
+            let inf = self.inflight[token].take().unwrap();
+            self.free.push(token);
+            self.finish(slot, head, Some(st), status::IOERR, 0, &inf.mem);
+        }
+    }
+
+    fn submit_token(&mut self, token: usize, device: &BlockDevice) -> io::Result<()> {
+        let engine = self.engines.get(device.disk.kind, &self.name)?;
+        let inf = self.inflight[token].as_ref().unwrap();
+        // SAFETY: `inf.iov` (heap, not moved until the Inflight is dropped) and
+        // the guest buffers it points to (mapped by `inf.mem`, which the
+        // Inflight holds) stay valid until this token's completion is reaped,
+        // because the Inflight is only dropped in `complete`.
+        unsafe { engine.submit(device.disk.fd(), &inf.op, token as u64)? };
+        self.register_notify_fds();
+        Ok(())
+    }
+
+    fn register_notify_fds(&mut self) {
+        let fds = [
+            (
+                TOKEN_URING,
+                self.engines
+                    .uring
+                    .as_ref()
+                    .map(crate::block::Engine::notify_fd),
+            ),
+            (
+                TOKEN_POOL,
+                self.engines
+                    .pool
+                    .as_ref()
+                    .map(crate::block::Engine::notify_fd),
+            ),
+        ];
+        for (i, (token, fd)) in fds.into_iter().enumerate() {
+            if let (false, Some(Some(fd))) = (self.registered[i], fd) {
+                if self
+                    .epoll
+                    .ctl(
+                        ControlOperation::Add,
+                        fd,
+                        EpollEvent::new(EventSet::IN, token),
+                    )
+                    .is_ok()
+                {
+                    self.registered[i] = true;
+                }
+            }
+        }
+    }
+
+    /// Commits submissions and completes everything that finished, repeating
+    /// while synchronous engines (null) produce completions.
+    fn complete_all(&mut self) {
+        loop {
+            if let Err(e) = self.engines.commit() {
+                error!("{}: backend submit failed: {e}", self.name);
+            }
+            let mut done = std::mem::take(&mut self.completions);
+            self.engines.reap(&mut done);
+            if done.is_empty() {
+                self.completions = done;
+                return;
+            }
+            for c in done.drain(..) {
+                self.complete(c);
+            }
+            self.completions = done;
+        }
+    }
+
+    fn complete(&mut self, c: Completion) {
+        let token = c.token as usize;
+        let Some(mut inf) = self.inflight.get_mut(token).and_then(Option::take) else {
+            error!("{}: completion for unknown token {token}", self.name);
+            return;
+        };
+        let device = self.queues[inf.slot].as_ref().unwrap().device.clone();
+        let mut st = status::OK;
+        if c.result < 0 {
+            let errno = -c.result;
+            match inf.op.kind {
+                // Discard is advisory: a file system without hole punching ignores it.
+                IoKind::Discard if errno == libc::EOPNOTSUPP => {}
+                // No ZERO_RANGE (tmpfs): punch a hole instead, it reads back as zeroes.
+                IoKind::WriteZeroes if errno == libc::EOPNOTSUPP && !inf.op.punch => {
+                    inf.op.punch = true;
+                    self.inflight[token] = Some(inf);
+                    if self.submit_token(token, &device).is_ok() {
+                        return;
+                    }
+                    inf = self.inflight[token].take().unwrap();
+                    st = status::IOERR;
+                }
+                _ => {
+                    if self.warn.allow() {
+                        warn!(
+                            "{}: {:?} at offset {} failed: {}",
+                            device.name,
+                            inf.op.kind,
+                            inf.op.offset,
+                            io::Error::from_raw_os_error(errno)
+                        );
+                    }
+                    st = status::IOERR;
+                }
+            }
+        } else if matches!(inf.op.kind, IoKind::Read | IoKind::Write) {
+            inf.done += c.result as u64;
+            if inf.done < inf.op.len {
+                if c.result == 0 {
+                    st = status::IOERR; // end of file: the image shrank under us
+                } else {
+                    // Short transfer: resubmit the rest.
+                    advance(&mut inf.iov, c.result as usize);
+                    inf.op.iov = inf.iov.as_ptr();
+                    inf.op.iovcnt = inf.iov.len() as u32;
+                    inf.op.offset += c.result as u64;
+                    inf.op.len -= inf.done;
+                    inf.done = 0;
+                    self.inflight[token] = Some(inf);
+                    if self.submit_token(token, &device).is_ok() {
+                        return;
+                    }
+                    inf = self.inflight[token].take().unwrap();
+                    st = status::IOERR;
+                }
+            }
+        }
+        self.free.push(token);
+        let mut used = 0;
+        if inf.op.kind == IoKind::Read && st == status::OK {
+            if let Some((b, segs)) = &mut inf.bounce {
+                if copy_to_guest(&inf.mem, segs, b.slice()).is_err() {
+                    st = status::IOERR;
+                }
+            }
+            used = inf.bounce.as_ref().map_or(
+                inf.iov.iter().map(|v| v.iov_len).sum::<usize>(),
+                |(_, s)| s.iter().map(|s| s.len as usize).sum(),
+            ) as u32;
+        }
+        let q = self.queues[inf.slot].as_ref().unwrap();
+        let c = &q.counters;
+        match inf.op.kind {
+            IoKind::Read => {
+                c.reads.add(1);
+                c.bytes_read.add(used as u64);
+            }
+            IoKind::Write => {
+                c.writes.add(1);
+                if st == status::OK {
+                    c.bytes_written.add(inf.op.len + inf.done);
+                }
+            }
+            IoKind::Flush => c.flushes.add(1),
+            _ => c.other.add(1),
+        }
+        if st != status::OK {
+            self.stats.errors.add(1);
+        }
+        let (slot, head, status_addr, mem) = (inf.slot, inf.head, inf.status, inf.mem.clone());
+        drop(inf);
+        self.finish(slot, head, Some(status_addr), st, used, &mem);
+    }
+
+    /// Writes the status byte and puts the request on the used ring.
+    /// `data_len` is the number of bytes written into guest buffers before the status.
+    fn finish(
+        &mut self,
+        slot: usize,
+        head: u16,
+        st_addr: Option<GuestAddress>,
+        st: u8,
+        data_len: u32,
+        mem: &GuestMem,
+    ) {
+        let q = self.queues[slot].as_mut().unwrap();
+        let used_len = match st_addr {
+            Some(a) if mem.write_obj(st, a).is_ok() => data_len + 1,
+            _ => 0,
+        };
+        q.counters.requests.add(1);
+        if st != status::OK {
+            q.counters.errors.add(1);
+        }
+        self.stats.requests.add(1);
+        q.inflight -= 1;
+        if let Err(e) = q.queue.add_used(mem, head, used_len) {
+            error!(
+                "{} queue {}: add_used failed: {e}",
+                q.device.name, q.key.queue
+            );
+        }
+        q.dirty = true;
+    }
+
+    /// End of a processing pass: one notification per queue that completed
+    /// something, and detach replies for drained queues.
+    fn finish_pass(&mut self) {
+        for slot in 0..self.queues.len() {
+            let Some(q) = self.queues[slot].as_mut() else {
+                continue;
+            };
+            if q.dirty {
+                q.dirty = false;
+                let mem = q.mem.memory();
+                match q.queue.needs_notification(&*mem) {
+                    Ok(true) => {
+                        if let Some(call) = &q.call {
+                            let _ = (&*call).write(&1u64.to_ne_bytes());
+                            self.stats.notifications.add(1);
+                        }
+                    }
+                    Ok(false) => {}
+                    Err(e) => debug!(
+                        "{} queue {}: needs_notification: {e}",
+                        q.device.name, q.key.queue
+                    ),
+                }
+            }
+            if q.inflight == 0 && (q.detach.is_some() || self.stopping) {
+                let q = self.queues[slot].take().unwrap();
+                let _ = self.epoll.ctl(
+                    ControlOperation::Delete,
+                    q.kick.as_raw_fd(),
+                    EpollEvent::default(),
+                );
+                debug!(
+                    "{}: released {} queue {}",
+                    self.name, q.device.name, q.key.queue
+                );
+                if let Some(reply) = q.detach {
+                    let _ = reply.send(q.queue.next_avail());
+                }
+            }
+        }
+    }
+}
+
+fn set_nonblocking(f: &File) {
+    // SAFETY: fcntl on an fd we own, no pointers.
+    unsafe {
+        let fl = libc::fcntl(f.as_raw_fd(), libc::F_GETFL);
+        if fl >= 0 {
+            libc::fcntl(f.as_raw_fd(), libc::F_SETFL, fl | libc::O_NONBLOCK);
+        }
+    }
+}
+
+/// Host iovecs for guest segments; None if any byte is outside guest memory.
+fn guest_iovecs(mem: &GuestMem, segs: &[Segment]) -> Option<Vec<libc::iovec>> {
+    let mut iov = Vec::with_capacity(segs.len());
+    for s in segs {
+        for slice in mem
+            .get_slices(s.addr, s.len as usize, Permissions::ReadWrite)
+            .ok()?
+        {
+            let slice = slice.ok()?;
+            iov.push(libc::iovec {
+                iov_base: slice.ptr_guard_mut().as_ptr().cast(),
+                iov_len: slice.len(),
+            });
+        }
+    }
+    Some(iov)
+}
+
+fn aligned(iov: &[libc::iovec], align: usize) -> bool {
+    iov.iter()
+        .all(|v| (v.iov_base as usize) % align == 0 && v.iov_len % align == 0)
+}
+
+fn copy_from_guest(
+    mem: &GuestMem,
+    segs: &[Segment],
+    buf: &mut [u8],
+) -> Result<(), vm_memory::GuestMemoryError> {
+    let mut off = 0;
+    for s in segs {
+        mem.read_slice(&mut buf[off..off + s.len as usize], s.addr)?;
+        off += s.len as usize;
+    }
+    Ok(())
+}
+
+fn copy_to_guest(
+    mem: &GuestMem,
+    segs: &[Segment],
+    buf: &[u8],
+) -> Result<(), vm_memory::GuestMemoryError> {
+    let mut off = 0;
+    for s in segs {
+        mem.write_slice(&buf[off..off + s.len as usize], s.addr)?;
+        off += s.len as usize;
+    }
+    Ok(())
+}
+
+/// Drops the first `n` bytes from an iovec list.
+fn advance(iov: &mut Vec<libc::iovec>, mut n: usize) {
+    let mut skip = 0;
+    for v in iov.iter_mut() {
+        if n >= v.iov_len {
+            n -= v.iov_len;
+            skip += 1;
+        } else {
+            // SAFETY: n < iov_len, so the new base stays inside the same buffer.
+            v.iov_base = unsafe { v.iov_base.cast::<u8>().add(n) }.cast();
+            v.iov_len -= n;
+            break;
+        }
+    }
+    iov.drain(..skip);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn advance_drops_prefix() {
+        let mut a = [0u8; 16];
+        let base = a.as_mut_ptr();
+        let mut iov = vec![
+            libc::iovec {
+                iov_base: base.cast(),
+                iov_len: 4,
+            },
+            libc::iovec {
+                iov_base: base.wrapping_add(4).cast(),
+                iov_len: 12,
+            },
+        ];
+        advance(&mut iov, 6);
+        assert_eq!(iov.len(), 1);
+        assert_eq!(iov[0].iov_base as usize, base as usize + 6);
+        assert_eq!(iov[0].iov_len, 10);
+    }
+}

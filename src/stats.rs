@@ -1,0 +1,204 @@
+//! Counters. Each counter is written by exactly one IOThread (the owner of the
+//! queue or of the thread) with relaxed atomics, and read by anyone for
+//! snapshots; no lock is taken on the data path.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use serde::Serialize;
+
+/// A monotonically increasing counter with a single writer.
+#[derive(Debug, Default)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    /// Adds `n`.
+    #[inline]
+    pub fn add(&self, n: u64) {
+        // Single writer: a load + store is enough and avoids a locked RMW.
+        self.0.store(
+            self.0.load(Ordering::Relaxed).wrapping_add(n),
+            Ordering::Relaxed,
+        );
+    }
+    /// Current value.
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Per-virtqueue counters, owned by the IOThread serving the queue.
+#[derive(Debug, Default)]
+pub struct QueueCounters {
+    /// Requests completed (any status).
+    pub requests: Counter,
+    /// Reads completed.
+    pub reads: Counter,
+    /// Writes completed.
+    pub writes: Counter,
+    /// Flushes completed.
+    pub flushes: Counter,
+    /// Discard, write-zeroes and GET_ID requests completed.
+    pub other: Counter,
+    /// Requests completed with a status other than OK.
+    pub errors: Counter,
+    /// Bytes read by the guest.
+    pub bytes_read: Counter,
+    /// Bytes written by the guest.
+    pub bytes_written: Counter,
+}
+
+/// Counters of one IOThread.
+#[derive(Debug, Default)]
+pub struct IoThreadStats {
+    /// Thread name (`vqblk-iot0`, ...).
+    pub name: String,
+    /// Kernel thread id, for CPU accounting.
+    pub tid: AtomicU64,
+    /// Requests completed by this thread.
+    pub requests: Counter,
+    /// Wake-ups caused by a guest kick.
+    pub kick_wakeups: Counter,
+    /// Wake-ups caused by backend completions.
+    pub completion_wakeups: Counter,
+    /// Event-loop iterations.
+    pub passes: Counter,
+    /// Guest notifications (call fd writes) sent.
+    pub notifications: Counter,
+    /// Malformed or failed requests.
+    pub errors: Counter,
+    queues: Mutex<Vec<(String, u16, Arc<QueueCounters>)>>,
+}
+
+impl IoThreadStats {
+    /// New zeroed statistics for thread `name`.
+    pub fn new(name: String) -> Self {
+        IoThreadStats {
+            name,
+            ..Default::default()
+        }
+    }
+
+    /// The counters of `export`'s queue `queue` as served by this thread
+    /// (created on first use; kept across reconnections).
+    pub fn queue(&self, export: &str, queue: u16) -> Arc<QueueCounters> {
+        let mut q = self.queues.lock().unwrap();
+        if let Some((_, _, c)) = q.iter().find(|(e, i, _)| e == export && *i == queue) {
+            return c.clone();
+        }
+        let c = Arc::new(QueueCounters::default());
+        q.push((export.to_string(), queue, c.clone()));
+        c
+    }
+
+    /// A consistent-enough copy for reports.
+    pub fn snapshot(&self) -> IoThreadSnapshot {
+        let tid = self.tid.load(Ordering::Relaxed);
+        let mut queues: Vec<QueueSnapshot> = self
+            .queues
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(e, i, c)| QueueSnapshot {
+                export: e.clone(),
+                queue: *i,
+                requests: c.requests.get(),
+                reads: c.reads.get(),
+                writes: c.writes.get(),
+                flushes: c.flushes.get(),
+                other: c.other.get(),
+                errors: c.errors.get(),
+                bytes_read: c.bytes_read.get(),
+                bytes_written: c.bytes_written.get(),
+            })
+            .collect();
+        queues.sort_by(|a, b| (&a.export, a.queue).cmp(&(&b.export, b.queue)));
+        IoThreadSnapshot {
+            name: self.name.clone(),
+            tid,
+            cpu_seconds: thread_cpu_seconds(tid),
+            requests: self.requests.get(),
+            kick_wakeups: self.kick_wakeups.get(),
+            completion_wakeups: self.completion_wakeups.get(),
+            passes: self.passes.get(),
+            notifications: self.notifications.get(),
+            errors: self.errors.get(),
+            queues,
+        }
+    }
+}
+
+/// CPU time (user + system) of a thread of this process, from
+/// `/proc/self/task/TID/stat`.
+pub fn thread_cpu_seconds(tid: u64) -> f64 {
+    let Ok(s) = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")) else {
+        return 0.0;
+    };
+    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    let Some(rest) = s.rsplit_once(')').map(|(_, r)| r) else {
+        return 0.0;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0)
+        + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    ticks as f64 / hz
+}
+
+/// Counters of one queue at one moment.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
+pub struct QueueSnapshot {
+    /// Export name.
+    pub export: String,
+    /// Virtqueue index.
+    pub queue: u16,
+    /// Requests completed.
+    pub requests: u64,
+    /// Reads completed.
+    pub reads: u64,
+    /// Writes completed.
+    pub writes: u64,
+    /// Flushes completed.
+    pub flushes: u64,
+    /// Other requests completed.
+    pub other: u64,
+    /// Requests completed with an error status.
+    pub errors: u64,
+    /// Bytes read.
+    pub bytes_read: u64,
+    /// Bytes written.
+    pub bytes_written: u64,
+}
+
+/// Counters of one IOThread at one moment.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
+pub struct IoThreadSnapshot {
+    /// Thread name.
+    pub name: String,
+    /// Kernel thread id.
+    pub tid: u64,
+    /// CPU seconds used by the thread so far.
+    pub cpu_seconds: f64,
+    /// Requests completed.
+    pub requests: u64,
+    /// Wake-ups by guest kick.
+    pub kick_wakeups: u64,
+    /// Wake-ups by backend completion.
+    pub completion_wakeups: u64,
+    /// Event-loop iterations.
+    pub passes: u64,
+    /// Guest notifications sent.
+    pub notifications: u64,
+    /// Failed or malformed requests.
+    pub errors: u64,
+    /// Per-queue counters for the queues this thread served.
+    pub queues: Vec<QueueSnapshot>,
+}
+
+/// Everything the daemon counts.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
+pub struct DaemonSnapshot {
+    /// One entry per IOThread.
+    pub iothreads: Vec<IoThreadSnapshot>,
+}

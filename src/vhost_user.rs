@@ -1,0 +1,561 @@
+//! The vhost-user transport: one [`Connection`] per frontend connection,
+//! implementing the backend side of the vhost-user protocol on top of the
+//! `vhost` crate's message parser.
+//!
+//! The connection owns the control-plane state of every vring (size,
+//! addresses, base, kick/call fds) until the ring is started; then the ring's
+//! `Queue` moves to its owner IOThread ([`Command::Attach`]) and comes back only
+//! as the next avail index at GET_VRING_BASE ([`Command::Detach`]).
+//!
+//! We do not use `vhost-user-backend`'s daemon: it starts one set of worker
+//! threads per connection and per export, so IOThreads could not be shared by
+//! several exports, and its workers own the event loop we need for polling.
+
+use std::fs::File;
+use std::io;
+use std::sync::mpsc::sync_channel;
+use std::sync::Arc;
+use std::time::Duration;
+
+use log::{debug, info, warn};
+use vhost::vhost_user::message::{
+    VhostTransferStateDirection, VhostTransferStatePhase, VhostUserConfigFlags, VhostUserInflight,
+    VhostUserLog, VhostUserMemoryRegion, VhostUserProtocolFeatures, VhostUserShMemConfig,
+    VhostUserSharedMsg, VhostUserSingleMemoryRegion, VhostUserVringAddrFlags, VhostUserVringState,
+};
+use vhost::vhost_user::{
+    Backend, Error as VhostError, GpuBackend, Result as VhostResult, VhostUserBackendReqHandlerMut,
+};
+use vhost::VhostUserMemoryRegionBase;
+use virtio_queue::{Queue, QueueT};
+use vm_memory::{GuestAddress, GuestAddressSpace, GuestRegionMmap};
+
+use crate::iothread::{
+    BlockDevice, Command, GuestMem, GuestMemHandle, IoThreadHandle, QueueAttach, QueueKey,
+};
+use crate::mapping::VirtqueueMap;
+use crate::virtio::{features, BlkGeometry, CONFIG_WRITEBACK_OFFSET};
+
+/// Memory slots we accept with CONFIGURE_MEM_SLOTS (QEMU's vhost-user limit is 509 too).
+const MAX_MEM_SLOTS: u64 = 509;
+/// How long GET_VRING_BASE waits for a queue's in-flight requests.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What a connection needs from its export, shared by all its connections.
+pub struct ExportShared {
+    /// Export index in the daemon.
+    pub index: usize,
+    /// Device model (geometry, features, config space).
+    pub geometry: BlkGeometry,
+    /// The device the IOThreads execute requests for.
+    pub device: Arc<BlockDevice>,
+    /// Owner IOThread of each queue.
+    pub map: VirtqueueMap,
+    /// Largest queue size the frontend may set.
+    pub max_queue_size: u16,
+    /// The IOThread pool.
+    pub iothreads: Arc<Vec<IoThreadHandle>>,
+}
+
+#[derive(Default)]
+struct Vring {
+    size: u16,
+    desc: u64,
+    avail: u64,
+    used: u64,
+    addr_set: bool,
+    base: u16,
+    kick: Option<File>,
+    call: Option<File>,
+    enabled: bool,
+    /// Owned by an IOThread right now.
+    started: bool,
+}
+
+struct AddrMapping {
+    vmm_addr: u64,
+    size: u64,
+    gpa_base: u64,
+}
+
+/// The backend side of one vhost-user connection.
+pub struct Connection {
+    export: Arc<ExportShared>,
+    mem: GuestMemHandle,
+    mappings: Vec<AddrMapping>,
+    vrings: Vec<Vring>,
+    owned: bool,
+    acked_features: u64,
+    acked_protocol_features: u64,
+}
+
+fn invalid(msg: &str) -> VhostError {
+    warn!("vhost-user: {msg}");
+    VhostError::InvalidParam
+}
+
+impl Connection {
+    /// A fresh connection state for `export`.
+    pub fn new(export: Arc<ExportShared>) -> Self {
+        let n = export.map.num_queues() as usize;
+        Connection {
+            export,
+            mem: GuestMemHandle::new(GuestMem::default()),
+            mappings: Vec::new(),
+            vrings: (0..n).map(|_| Vring::default()).collect(),
+            owned: false,
+            acked_features: 0,
+            acked_protocol_features: 0,
+        }
+    }
+
+    fn vring(&mut self, index: u32) -> VhostResult<&mut Vring> {
+        self.vrings
+            .get_mut(index as usize)
+            .ok_or_else(|| invalid(&format!("vring {index} out of range")))
+    }
+
+    fn iothread(&self, queue: u16) -> &IoThreadHandle {
+        &self.export.iothreads[self.export.map.thread_of(queue)]
+    }
+
+    fn key(&self, queue: u16) -> QueueKey {
+        QueueKey {
+            export: self.export.index,
+            queue,
+        }
+    }
+
+    fn vmm_va_to_gpa(&self, va: u64) -> VhostResult<u64> {
+        self.mappings
+            .iter()
+            .find(|m| va >= m.vmm_addr && va - m.vmm_addr < m.size)
+            .map(|m| va - m.vmm_addr + m.gpa_base)
+            .ok_or_else(|| {
+                invalid(&format!(
+                    "vring address {va:#x} is not in any memory region"
+                ))
+            })
+    }
+
+    /// Starts the ring if it has everything (vhost-user spec: a ring starts
+    /// when its kick fd arrives, and processes only while enabled).
+    fn maybe_start(&mut self, index: u16) -> VhostResult<()> {
+        let event_idx = self.acked_features & features::RING_EVENT_IDX != 0;
+        let protocol = self.acked_features & features::VHOST_USER_PROTOCOL_FEATURES != 0;
+        let v = &mut self.vrings[index as usize];
+        // Without PROTOCOL_FEATURES rings are enabled as soon as they start.
+        let enabled = v.enabled || !protocol;
+        if v.started || !enabled || v.kick.is_none() || !v.addr_set {
+            return Ok(());
+        }
+        let mut queue =
+            Queue::new(self.export.max_queue_size).map_err(|_| invalid("queue size"))?;
+        queue.set_size(v.size);
+        queue.set_desc_table_address(Some(v.desc as u32), Some((v.desc >> 32) as u32));
+        queue.set_avail_ring_address(Some(v.avail as u32), Some((v.avail >> 32) as u32));
+        queue.set_used_ring_address(Some(v.used as u32), Some((v.used >> 32) as u32));
+        queue.set_event_idx(event_idx);
+        queue.set_next_avail(v.base);
+        let mem = self.mem.memory();
+        // The used index lives in guest memory: continue from it (after a
+        // reconnection the frontend's SET_VRING_BASE only restores avail).
+        let used_idx = queue
+            .used_idx(&*mem, std::sync::atomic::Ordering::Acquire)
+            .map_err(|_| invalid(&format!("vring {index}: used ring not in guest memory")))?;
+        queue.set_next_used(used_idx.0);
+        queue.set_ready(true);
+        if !queue.is_valid(&*mem) {
+            return Err(invalid(&format!(
+                "vring {index}: addresses or size invalid for guest memory"
+            )));
+        }
+        let kick = v
+            .kick
+            .as_ref()
+            .unwrap()
+            .try_clone()
+            .map_err(VhostError::ReqHandlerError)?;
+        let call = v
+            .call
+            .as_ref()
+            .map(File::try_clone)
+            .transpose()
+            .map_err(VhostError::ReqHandlerError)?;
+        v.started = true;
+        let attach = QueueAttach {
+            key: self.key(index),
+            queue,
+            kick,
+            call,
+            mem: self.mem.clone(),
+            device: self.export.device.clone(),
+        };
+        debug!(
+            "{}: vring {index} started on IOThread {}",
+            self.export.device.name,
+            self.export.map.thread_of(index)
+        );
+        self.iothread(index).send(Command::Attach(Box::new(attach)));
+        Ok(())
+    }
+
+    /// Stops the ring if an IOThread owns it, waiting for its requests, and
+    /// records where it stopped.
+    fn stop(&mut self, index: u16) {
+        if !self.vrings[index as usize].started {
+            return;
+        }
+        let (tx, rx) = sync_channel(1);
+        self.iothread(index).send(Command::Detach {
+            key: self.key(index),
+            reply: tx,
+        });
+        let v = &mut self.vrings[index as usize];
+        v.started = false;
+        match rx.recv_timeout(DRAIN_TIMEOUT) {
+            Ok(next_avail) => v.base = next_avail,
+            Err(_) => warn!(
+                "{}: vring {index} did not drain in time",
+                self.export.device.name
+            ),
+        }
+    }
+
+    /// Stops every ring (disconnect, reset).
+    pub fn stop_all(&mut self) {
+        for i in 0..self.vrings.len() {
+            self.stop(i as u16);
+        }
+    }
+
+    fn reset(&mut self) {
+        self.stop_all();
+        for v in &mut self.vrings {
+            *v = Vring::default();
+        }
+        self.acked_features = 0;
+    }
+
+    fn publish_memory(&mut self, mem: GuestMem) {
+        // Running IOThreads pick the new map up at their next pass; in-flight
+        // requests keep the old one alive through their own Arc.
+        self.mem.lock().unwrap().replace(mem);
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.stop_all();
+    }
+}
+
+impl VhostUserBackendReqHandlerMut for Connection {
+    fn set_owner(&mut self) -> VhostResult<()> {
+        if self.owned {
+            return Err(VhostError::InvalidOperation("already claimed"));
+        }
+        self.owned = true;
+        Ok(())
+    }
+
+    fn reset_owner(&mut self) -> VhostResult<()> {
+        self.reset();
+        self.owned = false;
+        Ok(())
+    }
+
+    fn reset_device(&mut self) -> VhostResult<()> {
+        self.reset();
+        Ok(())
+    }
+
+    fn get_features(&mut self) -> VhostResult<u64> {
+        Ok(self.export.geometry.features())
+    }
+
+    fn set_features(&mut self, features: u64) -> VhostResult<()> {
+        if features & !self.export.geometry.features() != 0 {
+            return Err(invalid(&format!(
+                "frontend acked unknown features {features:#x}"
+            )));
+        }
+        self.acked_features = features;
+        Ok(())
+    }
+
+    fn set_mem_table(
+        &mut self,
+        ctx: &[VhostUserMemoryRegion],
+        files: Vec<File>,
+        postcopy: Option<bool>,
+    ) -> VhostResult<Option<Vec<VhostUserMemoryRegionBase>>> {
+        if postcopy.is_some() {
+            return Err(VhostError::InvalidOperation("postcopy not supported"));
+        }
+        let mut regions = Vec::new();
+        let mut mappings = Vec::new();
+        for (region, file) in ctx.iter().zip(files) {
+            let r = GuestRegionMmap::new(
+                region.mmap_region(file)?,
+                GuestAddress(region.guest_phys_addr),
+            )
+            .ok_or_else(|| invalid("memory region overflows"))?;
+            mappings.push(AddrMapping {
+                vmm_addr: region.user_addr,
+                size: region.memory_size,
+                gpa_base: region.guest_phys_addr,
+            });
+            regions.push(r);
+        }
+        let mem = GuestMem::from_regions(regions)
+            .map_err(|e| VhostError::ReqHandlerError(io::Error::other(e)))?;
+        self.publish_memory(mem);
+        self.mappings = mappings;
+        Ok(None)
+    }
+
+    fn set_vring_num(&mut self, index: u32, num: u32) -> VhostResult<()> {
+        let max = self.export.max_queue_size as u32;
+        if num == 0 || num > max || !num.is_power_of_two() {
+            return Err(invalid(&format!(
+                "vring {index}: size {num} is not a power of two in 1..={max}"
+            )));
+        }
+        self.vring(index)?.size = num as u16;
+        Ok(())
+    }
+
+    fn set_vring_addr(
+        &mut self,
+        index: u32,
+        _flags: VhostUserVringAddrFlags,
+        descriptor: u64,
+        used: u64,
+        available: u64,
+        _log: u64,
+    ) -> VhostResult<()> {
+        let (d, u, a) = (
+            self.vmm_va_to_gpa(descriptor)?,
+            self.vmm_va_to_gpa(used)?,
+            self.vmm_va_to_gpa(available)?,
+        );
+        let v = self.vring(index)?;
+        (v.desc, v.used, v.avail, v.addr_set) = (d, u, a, true);
+        Ok(())
+    }
+
+    fn set_vring_base(&mut self, index: u32, base: u32) -> VhostResult<()> {
+        self.vring(index)?.base = base as u16;
+        Ok(())
+    }
+
+    fn get_vring_base(&mut self, index: u32) -> VhostResult<VhostUserVringState> {
+        self.vring(index)?;
+        // vhost-user spec: the backend stops the ring on GET_VRING_BASE.
+        self.stop(index as u16);
+        let v = self.vring(index)?;
+        v.kick = None;
+        v.call = None;
+        v.enabled = false;
+        Ok(VhostUserVringState::new(index, v.base as u32))
+    }
+
+    fn set_vring_kick(&mut self, index: u8, fd: Option<File>) -> VhostResult<()> {
+        let idx = index as u16;
+        // A new kick fd for a running ring: restart it with the new fd.
+        self.vring(index as u32)?;
+        self.stop(idx);
+        self.vrings[idx as usize].kick = fd;
+        self.maybe_start(idx)
+    }
+
+    fn set_vring_call(&mut self, index: u8, fd: Option<File>) -> VhostResult<()> {
+        let started = self.vring(index as u32)?.started;
+        if started {
+            let call = fd
+                .as_ref()
+                .map(File::try_clone)
+                .transpose()
+                .map_err(VhostError::ReqHandlerError)?;
+            self.iothread(index as u16).send(Command::SetCall {
+                key: self.key(index as u16),
+                call,
+            });
+        }
+        self.vrings[index as usize].call = fd;
+        Ok(())
+    }
+
+    fn set_vring_err(&mut self, index: u8, _fd: Option<File>) -> VhostResult<()> {
+        self.vring(index as u32)?;
+        Ok(())
+    }
+
+    fn get_protocol_features(&mut self) -> VhostResult<VhostUserProtocolFeatures> {
+        Ok(VhostUserProtocolFeatures::MQ
+            | VhostUserProtocolFeatures::REPLY_ACK
+            | VhostUserProtocolFeatures::CONFIG
+            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS)
+    }
+
+    fn set_protocol_features(&mut self, features: u64) -> VhostResult<()> {
+        self.acked_protocol_features = features;
+        Ok(())
+    }
+
+    fn get_queue_num(&mut self) -> VhostResult<u64> {
+        Ok(self.vrings.len() as u64)
+    }
+
+    fn set_vring_enable(&mut self, index: u32, enable: bool) -> VhostResult<()> {
+        self.vring(index)?.enabled = enable;
+        if enable {
+            self.maybe_start(index as u16)
+        } else {
+            self.stop(index as u16);
+            Ok(())
+        }
+    }
+
+    fn get_config(
+        &mut self,
+        offset: u32,
+        size: u32,
+        _flags: VhostUserConfigFlags,
+    ) -> VhostResult<Vec<u8>> {
+        let writeback = !self.export.device.disk.writethrough();
+        let cfg = self.export.geometry.config_space(writeback);
+        let (o, s) = (offset as usize, size as usize);
+        // Reads past our struct return zeroes, like a device with a longer config.
+        let mut out = vec![0u8; s];
+        if o < cfg.len() {
+            let n = s.min(cfg.len() - o);
+            out[..n].copy_from_slice(&cfg[o..o + n]);
+        }
+        Ok(out)
+    }
+
+    fn set_config(
+        &mut self,
+        offset: u32,
+        buf: &[u8],
+        _flags: VhostUserConfigFlags,
+    ) -> VhostResult<()> {
+        // Only the writeback byte is writable (virtio spec 5.2.5, CONFIG_WCE).
+        if offset as usize == CONFIG_WRITEBACK_OFFSET && buf.len() == 1 {
+            let writethrough = buf[0] == 0;
+            self.export
+                .device
+                .disk
+                .writethrough
+                .store(writethrough, std::sync::atomic::Ordering::Relaxed);
+            info!(
+                "{}: guest set cache mode to {}",
+                self.export.device.name,
+                if writethrough {
+                    "writethrough"
+                } else {
+                    "writeback"
+                }
+            );
+            return Ok(());
+        }
+        Err(invalid(&format!(
+            "config write of {} bytes at {offset} refused",
+            buf.len()
+        )))
+    }
+
+    fn set_backend_req_fd(&mut self, _backend: Backend) {}
+
+    fn set_gpu_socket(&mut self, _gpu_backend: GpuBackend) -> VhostResult<()> {
+        Err(VhostError::InvalidOperation("not a GPU"))
+    }
+
+    fn get_shared_object(&mut self, _uuid: VhostUserSharedMsg) -> VhostResult<File> {
+        Err(VhostError::InvalidOperation("shared objects not supported"))
+    }
+
+    fn get_inflight_fd(
+        &mut self,
+        _inflight: &VhostUserInflight,
+    ) -> VhostResult<(VhostUserInflight, File)> {
+        Err(VhostError::InvalidOperation("INFLIGHT_SHMFD not supported"))
+    }
+
+    fn set_inflight_fd(&mut self, _inflight: &VhostUserInflight, _file: File) -> VhostResult<()> {
+        Err(VhostError::InvalidOperation("INFLIGHT_SHMFD not supported"))
+    }
+
+    fn get_max_mem_slots(&mut self) -> VhostResult<u64> {
+        Ok(MAX_MEM_SLOTS)
+    }
+
+    fn add_mem_region(
+        &mut self,
+        region: &VhostUserSingleMemoryRegion,
+        fd: File,
+        postcopy: Option<bool>,
+    ) -> VhostResult<Option<VhostUserMemoryRegionBase>> {
+        if postcopy.is_some() {
+            return Err(VhostError::InvalidOperation("postcopy not supported"));
+        }
+        let r = Arc::new(
+            GuestRegionMmap::new(
+                region.mmap_region(fd)?,
+                GuestAddress(region.guest_phys_addr),
+            )
+            .ok_or_else(|| invalid("memory region overflows"))?,
+        );
+        let mem = self
+            .mem
+            .memory()
+            .insert_region(r)
+            .map_err(|e| VhostError::ReqHandlerError(io::Error::other(e)))?;
+        self.publish_memory(mem);
+        self.mappings.push(AddrMapping {
+            vmm_addr: region.user_addr,
+            size: region.memory_size,
+            gpa_base: region.guest_phys_addr,
+        });
+        Ok(None)
+    }
+
+    fn remove_mem_region(&mut self, region: &VhostUserSingleMemoryRegion) -> VhostResult<()> {
+        let (mem, _) = self
+            .mem
+            .memory()
+            .remove_region(GuestAddress(region.guest_phys_addr), region.memory_size)
+            .map_err(|e| VhostError::ReqHandlerError(io::Error::other(e)))?;
+        self.publish_memory(mem);
+        self.mappings
+            .retain(|m| m.gpa_base != region.guest_phys_addr);
+        Ok(())
+    }
+
+    fn set_device_state_fd(
+        &mut self,
+        _direction: VhostTransferStateDirection,
+        _phase: VhostTransferStatePhase,
+        _fd: File,
+    ) -> VhostResult<Option<File>> {
+        Err(VhostError::InvalidOperation(
+            "device state transfer not supported",
+        ))
+    }
+
+    fn check_device_state(&mut self) -> VhostResult<()> {
+        Err(VhostError::InvalidOperation(
+            "device state transfer not supported",
+        ))
+    }
+
+    fn get_shmem_config(&mut self) -> VhostResult<VhostUserShMemConfig> {
+        Err(VhostError::InvalidOperation("no shared memory regions"))
+    }
+
+    fn set_log_base(&mut self, _log: &VhostUserLog, _file: File) -> VhostResult<()> {
+        Err(VhostError::InvalidOperation("dirty logging not supported"))
+    }
+}
