@@ -16,16 +16,16 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve disk images over vhost-user-blk.
-    Serve(vqblk::cli::ServeArgs),
+    Serve(Box<vqblk::cli::ServeArgs>),
     /// Drive a vhost-user-blk socket or a plain file the way fio does.
-    Bench(vqblk_bench::BenchArgs),
+    Bench(Box<vqblk_bench::BenchArgs>),
 }
 
 fn main() {
     let cli = Cli::parse();
     let code = match cli.command {
-        Command::Serve(args) => vqblk::cli::run_serve(args),
-        Command::Bench(args) => match vqblk_bench::run(args) {
+        Command::Serve(args) => vqblk::cli::run_serve(*args),
+        Command::Bench(args) => match vqblk_bench::run(*args) {
             Ok(code) => code,
             Err(e) => {
                 eprintln!("vqblk bench: {e:#}");
