@@ -193,6 +193,16 @@ pub fn run_serve(args: ServeArgs) -> i32 {
             return 2;
         }
     };
+    if let Err(e) = cfg.validate() {
+        // Name the flag the user typed, or the field of the file.
+        let field = if args.config.is_some() {
+            e.field.clone()
+        } else {
+            flag_name(&e.field)
+        };
+        eprintln!("vqblk serve: {field}: {}", e.message);
+        return 2;
+    }
     let signals =
         match signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM, libc::SIGUSR1]) {
             Ok(s) => s,
@@ -253,5 +263,72 @@ fn write_stats(path: &Option<PathBuf>, stats: &crate::stats::DaemonSnapshot) {
         if let Err(e) = std::fs::write(&tmp, json).and_then(|_| std::fs::rename(&tmp, p)) {
             error!("--stats-file {}: {e}", p.display());
         }
+    }
+}
+
+/// The command-line flag behind a field of the serve model.
+pub fn flag_name(field: &str) -> String {
+    let f = field.strip_prefix("export[0].").unwrap_or(field);
+    match f {
+        "iothreads.count" | "iothreads" => "--iothreads".into(),
+        "iothread-vq-mapping" => "--map".into(),
+        f if f.starts_with("iothreads.thread") => "--iothread-pin".into(),
+        f if !f.contains('.') && !f.contains('[') => format!("--{f}"),
+        f => f.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct T {
+        #[command(flatten)]
+        a: ServeArgs,
+    }
+
+    fn config_err(args: &[&str]) -> String {
+        let t = T::try_parse_from(std::iter::once("serve").chain(args.iter().copied())).unwrap();
+        let (cfg, _) = t.a.to_config().unwrap();
+        let e = cfg.validate().unwrap_err();
+        format!("{}: {}", flag_name(&e.field), e.message)
+    }
+
+    #[test]
+    fn flag_errors_name_the_flag() {
+        let base = ["--image", "/i", "--socket", "/s"];
+        let with = |extra: &[&str]| config_err(&[&base[..], extra].concat());
+        assert!(with(&["--queues", "0"]).starts_with("--queues: 0 is out of range"));
+        assert!(with(&["--iothreads", "0"]).starts_with("--iothreads:"));
+        assert!(with(&["--queues", "2", "--map", "0:0"])
+            .starts_with("--map: virtqueue 1 is not assigned"));
+        assert!(with(&["--queue-size", "3"]).starts_with("--queue-size:"));
+        assert!(with(&["--size", "1G"]).starts_with("--size:"));
+        assert!(with(&["--serial", "123456789012345678901"]).starts_with("--serial:"));
+    }
+
+    #[test]
+    fn flags_build_one_export() {
+        let t = T::try_parse_from([
+            "serve",
+            "--image",
+            "/i",
+            "--socket",
+            "/s",
+            "--queues",
+            "8",
+            "--iothreads",
+            "4",
+            "--iothread-pin",
+            "1=0-1",
+        ])
+        .unwrap();
+        let (cfg, default) = t.a.to_config().unwrap();
+        assert!(!default);
+        let plans = cfg.validate().unwrap();
+        assert_eq!(plans[0].map.to_string(), "0:0,4;1:1,5;2:2,6;3:3,7");
+        assert_eq!(cfg.iothreads.threads[0].cpuset.as_deref(), Some("0-1"));
     }
 }
