@@ -27,7 +27,7 @@ use vm_memory::{
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use crate::block::{Completion, Disk, Engines, IoKind, IoOp};
+use crate::block::{Completion, Disk, Engine, Engines, IoKind, IoOp};
 use crate::config::BackendKind;
 use crate::stats::{IoThreadStats, QueueCounters};
 use crate::virtio::request::{self, Limits, Operation, Request, Segment};
@@ -343,7 +343,18 @@ impl IoThread {
                         let _ = self.wake.read();
                         self.handle_commands();
                     }
-                    TOKEN_URING | TOKEN_POOL => completed = true,
+                    TOKEN_URING => {
+                        if let Some(u) = &self.engines.uring {
+                            u.clear_notify();
+                        }
+                        completed = true;
+                    }
+                    TOKEN_POOL => {
+                        if let Some(p) = &self.engines.pool {
+                            p.clear_notify();
+                        }
+                        completed = true;
+                    }
                     t => {
                         let slot = (t - TOKEN_KICK_BASE) as usize;
                         if let Some(Some(q)) = self.queues.get_mut(slot) {
@@ -696,17 +707,11 @@ impl IoThread {
         let fds = [
             (
                 TOKEN_URING,
-                self.engines
-                    .uring
-                    .as_ref()
-                    .map(crate::block::Engine::notify_fd),
+                self.engines.uring.as_ref().map(Engine::notify_fd),
             ),
             (
                 TOKEN_POOL,
-                self.engines
-                    .pool
-                    .as_ref()
-                    .map(crate::block::Engine::notify_fd),
+                self.engines.pool.as_ref().map(Engine::notify_fd),
             ),
         ];
         for (i, (token, fd)) in fds.into_iter().enumerate() {

@@ -267,6 +267,8 @@ pub trait Engine {
     /// An fd that becomes readable when completions are ready (None: they are
     /// ready at once, after `submit`).
     fn notify_fd(&self) -> Option<RawFd>;
+    /// Consumes the readiness of `notify_fd` (called when epoll reported it).
+    fn clear_notify(&self) {}
 }
 
 /// Runs one operation synchronously with plain syscalls: the `threads` backend.

@@ -90,12 +90,15 @@ impl Engine for PoolEngine {
     }
 
     fn reap(&mut self, out: &mut Vec<Completion>) {
-        let _ = self.done.efd.read();
         out.append(&mut self.done.list.lock().unwrap());
     }
 
     fn notify_fd(&self) -> Option<RawFd> {
         Some(self.done.efd.as_raw_fd())
+    }
+
+    fn clear_notify(&self) {
+        let _ = self.done.efd.read();
     }
 }
 

@@ -81,7 +81,6 @@ impl Engine for UringEngine {
     }
 
     fn reap(&mut self, out: &mut Vec<Completion>) {
-        let _ = self.efd.read();
         for cqe in self.ring.completion() {
             out.push(Completion {
                 token: cqe.user_data(),
@@ -92,5 +91,9 @@ impl Engine for UringEngine {
 
     fn notify_fd(&self) -> Option<RawFd> {
         Some(self.efd.as_raw_fd())
+    }
+
+    fn clear_notify(&self) {
+        let _ = self.efd.read();
     }
 }
