@@ -1,0 +1,118 @@
+//! CPU time accounting: the client's through getrusage(2), the server's from
+//! `/proc/PID/task/*/stat` (utime + stime of every thread, in clock ticks).
+
+use std::time::Duration;
+
+/// User and system CPU time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CpuTimes {
+    /// User time.
+    pub user: Duration,
+    /// System time.
+    pub sys: Duration,
+    /// Voluntary + involuntary context switches (getrusage only).
+    pub ctx: u64,
+}
+
+impl CpuTimes {
+    /// User + system.
+    pub fn total(&self) -> Duration {
+        self.user + self.sys
+    }
+
+    /// `self - earlier`, saturating.
+    pub fn since(&self, earlier: &CpuTimes) -> CpuTimes {
+        CpuTimes {
+            user: self.user.saturating_sub(earlier.user),
+            sys: self.sys.saturating_sub(earlier.sys),
+            ctx: self.ctx.saturating_sub(earlier.ctx),
+        }
+    }
+}
+
+fn tv(t: libc::timeval) -> Duration {
+    Duration::from_secs(t.tv_sec.max(0) as u64) + Duration::from_micros(t.tv_usec.max(0) as u64)
+}
+
+fn rusage(who: libc::c_int) -> CpuTimes {
+    // SAFETY: an all-zero rusage is a valid value of this plain C struct.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is a valid, writable rusage.
+    let r = unsafe { libc::getrusage(who, &mut ru) };
+    if r != 0 {
+        return CpuTimes::default();
+    }
+    CpuTimes {
+        user: tv(ru.ru_utime),
+        sys: tv(ru.ru_stime),
+        ctx: (ru.ru_nvcsw + ru.ru_nivcsw).max(0) as u64,
+    }
+}
+
+/// CPU time of the calling thread (what fio reports per job with `thread`).
+pub fn thread_times() -> CpuTimes {
+    rusage(libc::RUSAGE_THREAD)
+}
+
+/// CPU time of the whole process.
+pub fn process_times() -> CpuTimes {
+    rusage(libc::RUSAGE_SELF)
+}
+
+/// Parses utime and stime (fields 14 and 15, in ticks) from a `/proc/.../stat` line.
+/// The command name (field 2) may contain spaces and parentheses, so fields are counted
+/// after its last `)`.
+pub fn parse_stat_ticks(stat: &str) -> Option<(u64, u64)> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut f = rest.split_whitespace();
+    // After ")": field 3 (state) is index 0, so utime (14) is index 11.
+    let utime = f.nth(11)?.parse().ok()?;
+    let stime = f.next()?.parse().ok()?;
+    Some((utime, stime))
+}
+
+/// Sum of utime + stime over every thread of process `pid`, or an error naming what
+/// could not be read.
+pub fn server_times(pid: u32) -> Result<CpuTimes, String> {
+    let dir = format!("/proc/{pid}/task");
+    let entries = std::fs::read_dir(&dir).map_err(|e| format!("server-pid {pid}: {dir}: {e}"))?;
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let hz = if hz > 0 { hz as u64 } else { 100 };
+    let (mut u, mut s) = (0u64, 0u64);
+    for e in entries.flatten() {
+        // A thread may exit between readdir and read: skip it.
+        let Ok(text) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        if let Some((tu, ts)) = parse_stat_ticks(&text) {
+            u += tu;
+            s += ts;
+        }
+    }
+    let ticks = |t: u64| Duration::from_nanos(t.saturating_mul(1_000_000_000 / hz));
+    Ok(CpuTimes {
+        user: ticks(u),
+        sys: ticks(s),
+        ctx: 0,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_with_odd_comm() {
+        let line = "1234 (qemu (x) y) S 1 1234 1234 0 -1 4194560 100 0 0 0 57 43 0 0 20 0 4 0";
+        assert_eq!(parse_stat_ticks(line), Some((57, 43)));
+        assert_eq!(parse_stat_ticks("garbage"), None);
+    }
+
+    #[test]
+    fn own_process_is_readable() {
+        let t = server_times(std::process::id()).unwrap();
+        let _ = t.total();
+        assert!(server_times(u32::MAX).is_err());
+    }
+}
