@@ -19,8 +19,8 @@ pub const DEFAULT_SIZE: &str = "1G";
 /// Options of `vqblk serve`.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// TOML configuration file ([iothreads] and [[export]] tables).
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["image", "socket", "backend", "map"])]
+    /// TOML configuration file (`[iothreads]` and `[[export]]` tables).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["image", "socket", "backend", "map", "poll", "poll_max_ns", "poll_grow", "poll_shrink", "poll_weight"])]
     pub config: Option<PathBuf>,
     /// Raw image file or block device to export.
     #[arg(long, value_name = "PATH")]
@@ -40,9 +40,25 @@ pub struct ServeArgs {
     /// Number of IOThreads in the pool.
     #[arg(long, default_value_t = 1)]
     pub iothreads: usize,
-    /// Pin an IOThread: ID=CPUSET (repeatable), like libvirt <iothreadpin>.
+    /// Pin an IOThread: ID=CPUSET (repeatable), like libvirt `<iothreadpin>`.
     #[arg(long = "iothread-pin", value_name = "ID=CPUSET")]
     pub iothread_pin: Vec<String>,
+    /// Polling algorithm of every IOThread: off, classic (QEMU), weighted
+    /// (QEMU poll-weight), busy (spin, like SPDK) or adaptive (default).
+    #[arg(long, value_enum)]
+    pub poll: Option<crate::poll::PollMode>,
+    /// Longest polling window in ns (QEMU poll-max-ns; 0 = never poll).
+    #[arg(long)]
+    pub poll_max_ns: Option<u64>,
+    /// Polling window growth factor (QEMU poll-grow; 0 = x2).
+    #[arg(long)]
+    pub poll_grow: Option<u64>,
+    /// Polling window shrink divisor (QEMU poll-shrink; 0 = reset).
+    #[arg(long)]
+    pub poll_shrink: Option<u64>,
+    /// Weighted polling EWMA weight (QEMU poll-weight; 0 = classic).
+    #[arg(long)]
+    pub poll_weight: Option<u32>,
     /// Explicit virtqueue mapping, IOTHREAD:VQ,VQ;... (QEMU iothread-vq-mapping).
     #[arg(long, value_name = "SPEC")]
     pub map: Option<String>,
@@ -141,6 +157,7 @@ impl ServeArgs {
             cfg.iothreads.threads.push(IoThreadConfig {
                 id,
                 cpuset: Some(cpuset.to_string()),
+                ..Default::default()
             });
         }
         Ok((cfg, default))
@@ -270,6 +287,7 @@ fn write_stats(path: &Option<PathBuf>, stats: &crate::stats::DaemonSnapshot) {
 pub fn flag_name(field: &str) -> String {
     let f = field.strip_prefix("export[0].").unwrap_or(field);
     match f {
+        f if f.starts_with("iothreads.poll") => format!("--{}", &f["iothreads.".len()..]),
         "iothreads.count" | "iothreads" => "--iothreads".into(),
         "iothread-vq-mapping" => "--map".into(),
         f if f.starts_with("iothreads.thread") => "--iothread-pin".into(),

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use serde::Deserialize;
 
 use crate::mapping::{Assignment, VirtqueueMap};
+use crate::poll::{PollMode, PollParams};
 
 /// Largest number of virtqueues per export (the virtio-blk `num_queues` is a u16,
 /// but one IOThread pass handles a bounded set; QEMU caps at 1024 queues).
@@ -73,6 +74,21 @@ pub struct IoThreadConfig {
     /// like libvirt's `<iothreadpin cpuset=...>`.
     #[serde(default)]
     pub cpuset: Option<String>,
+    /// Polling algorithm: off, classic, weighted, busy or adaptive.
+    #[serde(default)]
+    pub poll: Option<PollMode>,
+    /// Longest polling window, ns (QEMU `poll-max-ns`, default 32768; 0 = never poll).
+    #[serde(default)]
+    pub poll_max_ns: Option<u64>,
+    /// Window growth factor (QEMU `poll-grow`; 0 = x2).
+    #[serde(default)]
+    pub poll_grow: Option<u64>,
+    /// Window shrink divisor (QEMU `poll-shrink`; 0 = reset to 0).
+    #[serde(default)]
+    pub poll_shrink: Option<u64>,
+    /// EWMA weight of the weighted algorithm (QEMU `poll-weight`; 0 = classic).
+    #[serde(default)]
+    pub poll_weight: Option<u32>,
 }
 
 /// The `[iothreads]` table.
@@ -85,7 +101,66 @@ pub struct IoThreadsConfig {
     /// Per-thread settings (`[[iothreads.thread]]`).
     #[serde(default, rename = "thread")]
     pub threads: Vec<IoThreadConfig>,
+    /// Polling defaults for every IOThread (each `[[iothreads.thread]]` may override).
+    #[serde(flatten)]
+    pub poll: PollConfig,
 }
+
+/// Polling settings, as in QEMU's iothread object and libvirt's `<poll>`.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "kebab-case")]
+pub struct PollConfig {
+    /// Polling algorithm: off, classic, weighted, busy or adaptive.
+    #[serde(default)]
+    pub poll: Option<PollMode>,
+    /// Longest polling window, ns (QEMU `poll-max-ns`, default 32768; 0 = never poll).
+    #[serde(default)]
+    pub poll_max_ns: Option<u64>,
+    /// Window growth factor (QEMU `poll-grow`; 0 = x2).
+    #[serde(default)]
+    pub poll_grow: Option<u64>,
+    /// Window shrink divisor (QEMU `poll-shrink`; 0 = reset to 0).
+    #[serde(default)]
+    pub poll_shrink: Option<u64>,
+    /// EWMA weight of the weighted algorithm (QEMU `poll-weight`; 0 = classic).
+    #[serde(default)]
+    pub poll_weight: Option<u32>,
+}
+
+impl PollConfig {
+    /// `self` with unset fields taken from `defaults`.
+    pub fn or(&self, defaults: &PollConfig) -> PollConfig {
+        PollConfig {
+            poll: self.poll.or(defaults.poll),
+            poll_max_ns: self.poll_max_ns.or(defaults.poll_max_ns),
+            poll_grow: self.poll_grow.or(defaults.poll_grow),
+            poll_shrink: self.poll_shrink.or(defaults.poll_shrink),
+            poll_weight: self.poll_weight.or(defaults.poll_weight),
+        }
+    }
+
+    /// The mode and knobs: unset knobs take QEMU's defaults; an unset mode is
+    /// ours (`adaptive`), unless `poll-weight` was given, which selects QEMU's
+    /// algorithm as QEMU does (0 = classic, otherwise weighted).
+    pub fn resolve(&self) -> (PollMode, PollParams) {
+        let d = PollParams::default();
+        let params = PollParams {
+            poll_max_ns: self.poll_max_ns.unwrap_or(d.poll_max_ns),
+            poll_grow: self.poll_grow.unwrap_or(d.poll_grow),
+            poll_shrink: self.poll_shrink.unwrap_or(d.poll_shrink),
+            poll_weight: self.poll_weight.unwrap_or(d.poll_weight),
+        };
+        let mode = match (self.poll, self.poll_weight) {
+            (Some(m), _) => m,
+            (None, Some(_)) => params.qemu_mode(),
+            (None, None) => DEFAULT_POLL_MODE,
+        };
+        (mode, params)
+    }
+}
+
+/// The polling mode of an IOThread when the configuration does not say.
+pub const DEFAULT_POLL_MODE: PollMode = PollMode::Adaptive;
 
 fn one() -> usize {
     1
@@ -96,6 +171,29 @@ impl Default for IoThreadsConfig {
         IoThreadsConfig {
             count: 1,
             threads: Vec::new(),
+            poll: PollConfig::default(),
+        }
+    }
+}
+
+impl IoThreadsConfig {
+    /// The polling mode and knobs of IOThread `id`.
+    pub fn poll_for(&self, id: usize) -> (PollMode, PollParams) {
+        match self.threads.iter().find(|t| t.id == id) {
+            Some(t) => t.poll_config().or(&self.poll).resolve(),
+            None => self.poll.resolve(),
+        }
+    }
+}
+
+impl IoThreadConfig {
+    fn poll_config(&self) -> PollConfig {
+        PollConfig {
+            poll: self.poll,
+            poll_max_ns: self.poll_max_ns,
+            poll_grow: self.poll_grow,
+            poll_shrink: self.poll_shrink,
+            poll_weight: self.poll_weight,
         }
     }
 }
@@ -243,12 +341,24 @@ impl ServeConfig {
             if let Some(c) = &t.cpuset {
                 parse_cpuset(c).map_err(|m| ConfigError::new(format!("{f}.cpuset"), m))?;
             }
+            if let Err(e) = t
+                .poll_config()
+                .or(&self.iothreads.poll)
+                .resolve()
+                .1
+                .validate()
+            {
+                return Err(ConfigError::new(format!("{f}.poll-weight"), e.to_string()));
+            }
             if self.iothreads.threads[..i].iter().any(|o| o.id == t.id) {
                 return Err(ConfigError::new(
                     format!("{f}.id"),
                     format!("IOThread {} is configured twice", t.id),
                 ));
             }
+        }
+        if let Err(e) = self.iothreads.poll.resolve().1.validate() {
+            return Err(ConfigError::new("iothreads.poll-weight", e.to_string()));
         }
         if self.exports.is_empty() {
             return Err(ConfigError::new(
@@ -526,6 +636,52 @@ queues = 2
         .starts_with("export[1].socket"));
         assert!(err_of("[iothreads]\ncount = 2\n[[iothreads.thread]]\nid = 0\ncpuset = \"x\"\n[[export]]\nsocket = \"/s\"\nimage = \"/i\"")
             .starts_with("iothreads.thread[0].cpuset"));
+    }
+
+    #[test]
+    fn polling_settings_per_thread_and_defaults() {
+        let text = "[iothreads]\ncount = 3\npoll = \"classic\"\npoll-max-ns = 50000\n\
+                    [[iothreads.thread]]\nid = 1\npoll = \"busy\"\n\
+                    [[iothreads.thread]]\nid = 2\npoll-weight = 2\npoll = \"weighted\"\n\
+                    [[export]]\nsocket = \"/s\"\nimage = \"/i\"\n";
+        let c = ServeConfig::from_toml(text).unwrap();
+        c.validate().unwrap();
+        let (m0, p0) = c.iothreads.poll_for(0);
+        assert_eq!((m0, p0.poll_max_ns), (PollMode::Classic, 50000));
+        assert_eq!(c.iothreads.poll_for(1).0, PollMode::Busy);
+        let (m2, p2) = c.iothreads.poll_for(2);
+        assert_eq!(
+            (m2, p2.poll_weight, p2.poll_max_ns),
+            (PollMode::Weighted, 2, 50000)
+        );
+        // Defaults: our adaptive mode with QEMU's knobs; poll-weight alone picks QEMU's algorithm.
+        let d = PollConfig::default().resolve();
+        assert_eq!((d.0, d.1.poll_max_ns), (DEFAULT_POLL_MODE, 32768));
+        let w0 = PollConfig {
+            poll_weight: Some(0),
+            ..Default::default()
+        }
+        .resolve();
+        assert_eq!(w0.0, PollMode::Classic);
+        let w3 = PollConfig {
+            poll_weight: Some(3),
+            ..Default::default()
+        }
+        .resolve();
+        assert_eq!(w3.0, PollMode::Weighted);
+        assert!(err_of(
+            "[iothreads]\npoll-weight = 99\n[[export]]\nsocket = \"/s\"\nimage = \"/i\""
+        )
+        .starts_with("iothreads.poll-weight"));
+        assert!(err_of(
+            "[iothreads]\npoll = \"sometimes\"\n[[export]]\nsocket = \"/s\"\nimage = \"/i\""
+        )
+        .contains("sometimes"));
+        assert!(
+            err_of("[iothreads]\nbogus = 1\n[[export]]\nsocket = \"/s\"\nimage = \"/i\"")
+                .contains("bogus"),
+            "unknown keys in [iothreads] are refused"
+        );
     }
 
     #[test]

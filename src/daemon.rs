@@ -17,7 +17,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::block::{BlockError, Disk};
 use crate::config::{parse_cpuset, BackendKind, ConfigError, ServeConfig};
-use crate::iothread::{BlockDevice, IoThreadHandle};
+use crate::iothread::{BlockDevice, IoThreadHandle, IoThreadSetup};
 use crate::stats::DaemonSnapshot;
 use crate::vhost_user::{Connection, ExportShared};
 use crate::virtio::request::Limits;
@@ -105,7 +105,16 @@ impl Daemon {
                 .find(|t| t.id == i)
                 .and_then(|t| t.cpuset.as_deref())
                 .map(|c| parse_cpuset(c).expect("validated"));
-            threads.push(IoThreadHandle::spawn(i, cpus)?);
+            let (poll_mode, poll_params) = config.iothreads.poll_for(i);
+            info!("IOThread {i}: polling {poll_mode:?} {poll_params:?}");
+            threads.push(IoThreadHandle::spawn(
+                i,
+                IoThreadSetup {
+                    cpus,
+                    poll_mode,
+                    poll_params,
+                },
+            )?);
         }
         let iothreads = Arc::new(threads);
         let shutdown = Arc::new(EventFd::new(EFD_NONBLOCK)?);

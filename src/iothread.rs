@@ -13,6 +13,7 @@ use std::alloc::{alloc, dealloc, Layout};
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -29,6 +30,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::block::{Completion, Disk, Engine, Engines, IoKind, IoOp};
 use crate::config::BackendKind;
+use crate::poll::{PollMode, PollParams, PollPolicy};
 use crate::stats::{IoThreadStats, QueueCounters};
 use crate::virtio::request::{self, Limits, Operation, Request, Segment};
 use crate::virtio::{status, ID_BYTES, SECTOR_SIZE};
@@ -111,12 +113,36 @@ pub struct IoThreadHandle {
     pub stats: Arc<IoThreadStats>,
     tx: Sender<Command>,
     wake: Arc<EventFd>,
+    /// Set before `wake` is written: lets a polling IOThread see commands
+    /// without a syscall.
+    pending: Arc<AtomicBool>,
     join: Option<JoinHandle<()>>,
 }
 
+/// How an IOThread is set up.
+#[derive(Debug, Clone)]
+pub struct IoThreadSetup {
+    /// Host CPUs to pin to.
+    pub cpus: Option<Vec<usize>>,
+    /// Polling algorithm.
+    pub poll_mode: PollMode,
+    /// QEMU-compatible polling knobs.
+    pub poll_params: PollParams,
+}
+
+impl Default for IoThreadSetup {
+    fn default() -> Self {
+        IoThreadSetup {
+            cpus: None,
+            poll_mode: PollMode::Off,
+            poll_params: PollParams::default(),
+        }
+    }
+}
+
 impl IoThreadHandle {
-    /// Starts IOThread `index`, pinned to `cpus` when given.
-    pub fn spawn(index: usize, cpus: Option<Vec<usize>>) -> io::Result<Self> {
+    /// Starts IOThread `index`.
+    pub fn spawn(index: usize, setup: IoThreadSetup) -> io::Result<Self> {
         let name = format!("vqblk-iot{index}");
         let stats = Arc::new(IoThreadStats::new(name.clone()));
         let wake = Arc::new(EventFd::new(EFD_NONBLOCK)?);
@@ -127,7 +153,14 @@ impl IoThreadHandle {
             wake.as_raw_fd(),
             EpollEvent::new(EventSet::IN, TOKEN_WAKE),
         )?;
-        let (thread_wake, thread_stats) = (wake.clone(), stats.clone());
+        let pending = Arc::new(AtomicBool::new(false));
+        let (thread_wake, thread_stats, thread_pending) =
+            (wake.clone(), stats.clone(), pending.clone());
+        let IoThreadSetup {
+            cpus,
+            poll_mode,
+            poll_params,
+        } = setup;
         let join = std::thread::Builder::new()
             .name(name.clone())
             .spawn(move || {
@@ -145,6 +178,8 @@ impl IoThreadHandle {
                     warn: WarnLimiter::default(),
                     stopping: false,
                     completions: Vec::new(),
+                    pending: thread_pending,
+                    policy: PollPolicy::new(poll_mode, poll_params, 1),
                 };
                 // SAFETY: gettid has no preconditions.
                 let tid = unsafe { libc::gettid() } as u64;
@@ -159,6 +194,7 @@ impl IoThreadHandle {
             stats,
             tx,
             wake,
+            pending,
             join: Some(join),
         })
     }
@@ -166,6 +202,7 @@ impl IoThreadHandle {
     /// Sends a command and wakes the thread.
     pub fn send(&self, cmd: Command) {
         if self.tx.send(cmd).is_ok() {
+            self.pending.store(true, Ordering::Release);
             let _ = self.wake.write(1);
         }
     }
@@ -224,6 +261,16 @@ struct QueueSlot {
     detach: Option<SyncSender<u16>>,
     /// The ring could not be accessed: stop touching it until detached.
     broken: bool,
+    /// Guest notifications (kicks) are enabled: set before sleeping, cleared
+    /// while the thread polls.
+    notify: bool,
+}
+
+impl QueueSlot {
+    /// Whether the thread should look at this ring at all.
+    fn active(&self) -> bool {
+        self.detach.is_none() && !self.broken
+    }
 }
 
 /// An aligned buffer for O_DIRECT when guest buffers are not aligned.
@@ -316,63 +363,76 @@ struct IoThread {
     warn: WarnLimiter,
     stopping: bool,
     completions: Vec<Completion>,
+    pending: Arc<AtomicBool>,
+    /// Source 0 is the backends' completions, source 1 + i is queue slot i.
+    policy: PollPolicy,
 }
+
+/// Policy source index of the backend completions.
+const SOURCE_COMPLETIONS: usize = 0;
 
 impl IoThread {
     fn run(&mut self) {
-        debug!("{} started", self.name);
+        debug!("{} started ({:?} polling)", self.name, self.policy.mode());
         let mut events = vec![EpollEvent::default(); 64];
-        let mut kicked: Vec<usize> = Vec::new();
+        let mut ready: Vec<usize> = Vec::new();
+        let mut sources: Vec<usize> = Vec::new();
         loop {
             if self.stopping && self.inflight_total() == 0 {
                 break;
             }
-            let n = match self.epoll.wait(-1, &mut events) {
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    error!("{}: epoll_wait failed: {e}", self.name);
-                    break;
-                }
-            };
-            self.stats.passes.add(1);
+            let window = self.window();
+            self.stats.poll_window_ns.set(window.min(i64::MAX as u64));
+            let t0 = Instant::now();
             let mut completed = false;
-            for ev in &events[..n] {
-                match ev.data() {
-                    TOKEN_WAKE => {
-                        let _ = self.wake.read();
-                        self.handle_commands();
-                    }
-                    TOKEN_URING => {
-                        if let Some(u) = &self.engines.uring {
-                            u.clear_notify();
-                        }
-                        completed = true;
-                    }
-                    TOKEN_POOL => {
-                        if let Some(p) = &self.engines.pool {
-                            p.clear_notify();
-                        }
-                        completed = true;
-                    }
-                    t => {
-                        let slot = (t - TOKEN_KICK_BASE) as usize;
-                        if let Some(Some(q)) = self.queues.get_mut(slot) {
-                            let mut buf = [0u8; 8];
-                            let _ = (&q.kick).read(&mut buf);
-                            kicked.push(slot);
-                        }
-                    }
-                }
+            let mut polled_hit = false;
+            if window > 0 {
+                self.stats.poll_attempts.add(1);
+                polled_hit = self.poll(window, t0, &mut ready, &mut completed);
             }
+            let t_poll = Instant::now();
+            let mut slept = false;
+            if !polled_hit {
+                // About to sleep: re-enable guest notifications, then look at the
+                // rings once more, so a request that raced with this is never
+                // stranded (vhost-user: the guest kicks only if asked to).
+                self.arm_notifications(&mut ready);
+            }
+            if !polled_hit && ready.is_empty() {
+                slept = true;
+                self.wait_events(-1, &mut events, &mut ready, &mut completed);
+            } else if self.pending.load(Ordering::Acquire) {
+                self.wait_events(0, &mut events, &mut ready, &mut completed);
+            }
+            let t_end = Instant::now();
+            self.stats
+                .poll_ns
+                .add(t_poll.duration_since(t0).as_nanos() as u64);
+            if slept {
+                self.stats
+                    .sleep_ns
+                    .add(t_end.duration_since(t_poll).as_nanos() as u64);
+            }
+            if polled_hit {
+                self.stats.poll_hits.add(1);
+            }
+            self.stats.passes.add(1);
+            ready.sort_unstable();
+            ready.dedup();
+            sources.clear();
             if completed {
-                self.stats.completion_wakeups.add(1);
+                sources.push(SOURCE_COMPLETIONS);
             }
-            if !kicked.is_empty() {
-                self.stats.kick_wakeups.add(1);
-            }
-            for slot in kicked.drain(..) {
-                self.process_queue(slot);
+            sources.extend(ready.iter().map(|s| s + 1));
+            self.policy.update(
+                t_end.duration_since(t0).as_nanos() as u64,
+                &sources,
+                polled_hit,
+            );
+            // Keep kicks off while we expect to poll next time.
+            let rearm = self.window() == 0;
+            for slot in ready.drain(..) {
+                self.process_queue(slot, rearm);
             }
             self.complete_all();
             self.finish_pass();
@@ -382,6 +442,138 @@ impl IoThread {
             self.name,
             self.stats.requests.get()
         );
+    }
+
+    /// The polling window for this pass: none while stopping or with nothing to serve.
+    fn window(&self) -> u64 {
+        if self.stopping || !self.queues.iter().flatten().any(QueueSlot::active) {
+            return 0;
+        }
+        self.policy.poll_ns()
+    }
+
+    /// Busy-polls the rings, the backends and the command flag for at most
+    /// `window` ns from `t0`. Returns true if anything turned up.
+    fn poll(
+        &mut self,
+        window: u64,
+        t0: Instant,
+        ready: &mut Vec<usize>,
+        completed: &mut bool,
+    ) -> bool {
+        let mut spins = 0u32;
+        loop {
+            for (slot, q) in self.queues.iter_mut().enumerate() {
+                let Some(q) = q.as_mut().filter(|q| q.active()) else {
+                    continue;
+                };
+                if q.notify {
+                    // Polling: the guest need not kick (EVENT_IDX: avail_event
+                    // stays behind; otherwise VRING_USED_F_NO_NOTIFY).
+                    let mem = q.mem.memory();
+                    let _ = q.queue.disable_notification(&*mem);
+                    q.notify = false;
+                }
+                if has_avail(q) {
+                    ready.push(slot);
+                }
+            }
+            if self.engines.has_completions() {
+                *completed = true;
+            }
+            if !ready.is_empty() || *completed || self.pending.load(Ordering::Acquire) {
+                return true;
+            }
+            spins = spins.wrapping_add(1);
+            // Reading the clock costs ~20 ns; look at it every few passes.
+            if spins % 8 == 0 && t0.elapsed().as_nanos() >= window as u128 {
+                return false;
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Re-enables notifications on every ring that has them off; a ring that
+    /// received work meanwhile goes to `ready`.
+    fn arm_notifications(&mut self, ready: &mut Vec<usize>) {
+        for (slot, q) in self.queues.iter_mut().enumerate() {
+            let Some(q) = q.as_mut().filter(|q| q.active() && !q.notify) else {
+                continue;
+            };
+            let mem = q.mem.memory();
+            match q.queue.enable_notification(&*mem) {
+                Ok(more) => {
+                    q.notify = true;
+                    if more {
+                        ready.push(slot);
+                    }
+                }
+                Err(e) => {
+                    error!(
+                        "{} queue {}: ring not accessible ({e})",
+                        q.device.name, q.key.queue
+                    );
+                    q.broken = true;
+                }
+            }
+        }
+    }
+
+    /// One epoll_wait: handles commands, notes completions, collects kicked rings.
+    fn wait_events(
+        &mut self,
+        timeout_ms: i32,
+        events: &mut [EpollEvent],
+        ready: &mut Vec<usize>,
+        completed: &mut bool,
+    ) {
+        let n = match self.epoll.wait(timeout_ms, events) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => return,
+            Err(e) => {
+                error!("{}: epoll_wait failed: {e}", self.name);
+                self.stopping = true;
+                return;
+            }
+        };
+        let (mut kicked, mut signalled) = (false, false);
+        for ev in &events[..n] {
+            match ev.data() {
+                TOKEN_WAKE => {
+                    let _ = self.wake.read();
+                    self.pending.store(false, Ordering::Release);
+                    self.handle_commands();
+                }
+                TOKEN_URING => {
+                    if let Some(u) = &self.engines.uring {
+                        u.clear_notify();
+                    }
+                    signalled = true;
+                }
+                TOKEN_POOL => {
+                    if let Some(p) = &self.engines.pool {
+                        p.clear_notify();
+                    }
+                    signalled = true;
+                }
+                t => {
+                    let slot = (t - TOKEN_KICK_BASE) as usize;
+                    if let Some(Some(q)) = self.queues.get_mut(slot) {
+                        let mut buf = [0u8; 8];
+                        let _ = (&q.kick).read(&mut buf);
+                        ready.push(slot);
+                        kicked = true;
+                    }
+                }
+            }
+        }
+        if signalled {
+            *completed = true;
+            self.stats.completion_wakeups.add(1);
+        }
+        if kicked {
+            self.stats.kick_wakeups.add(1);
+        }
     }
 
     fn inflight_total(&self) -> usize {
@@ -474,15 +666,19 @@ impl IoThread {
             dirty: false,
             detach: None,
             broken: false,
+            notify: true,
         });
+        self.policy.set_num_sources(self.queues.len() + 1);
         // Requests may have been queued before the kick fd was handed over.
-        self.process_queue(slot);
+        self.process_queue(slot, true);
         self.complete_all();
         self.finish_pass();
     }
 
-    /// Pops every available request of a queue and submits it.
-    fn process_queue(&mut self, slot: usize) {
+    /// Pops every available request of a queue and submits it. With `rearm`,
+    /// guest notifications are re-enabled afterwards (the thread will sleep);
+    /// without, they stay off (the thread will poll).
+    fn process_queue(&mut self, slot: usize, rearm: bool) {
         let Some(q) = self.queues[slot].as_mut() else {
             return;
         };
@@ -521,9 +717,16 @@ impl IoThread {
                 }
             }
             let q = self.queues[slot].as_mut().unwrap();
+            if !rearm {
+                q.notify = false;
+                break;
+            }
             match q.queue.enable_notification(&*mem) {
                 Ok(true) => continue, // more arrived while notifications were off
-                Ok(false) => break,
+                Ok(false) => {
+                    q.notify = true;
+                    break;
+                }
                 Err(e) => {
                     self.break_queue(slot, e);
                     return;
@@ -994,6 +1197,14 @@ fn advance(iov: &mut Vec<libc::iovec>, mut n: usize) {
         }
     }
     iov.drain(..skip);
+}
+
+/// Whether the guest made requests available that we have not popped yet.
+fn has_avail(q: &QueueSlot) -> bool {
+    let mem = q.mem.memory();
+    q.queue
+        .avail_idx(&*mem, Ordering::Acquire)
+        .is_ok_and(|idx| idx.0 != q.queue.next_avail())
 }
 
 #[cfg(test)]

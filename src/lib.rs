@@ -14,6 +14,7 @@ pub mod config;
 pub mod daemon;
 pub mod iothread;
 pub mod mapping;
+pub mod poll;
 pub mod stats;
 pub mod vhost_user;
 pub mod virtio;

@@ -19,19 +19,29 @@ enum Command {
     Serve(Box<vqblk::cli::ServeArgs>),
     /// Drive a vhost-user-blk socket or a plain file the way fio does.
     Bench(Box<vqblk_bench::BenchArgs>),
+    /// Run the IOThread study (every IOThread count x workload cell) and record the results.
+    Sweep(Box<vqblk_study::SweepArgs>),
+    /// Turn sweep results into Markdown/CSV/JSON/HTML tables and charts.
+    Report(Box<vqblk_study::ReportArgs>),
+    /// Recommend an IOThread count and print configuration snippets.
+    Recommend(Box<vqblk_study::RecommendArgs>),
+}
+
+fn exit_code(what: &str, r: anyhow::Result<i32>) -> i32 {
+    r.unwrap_or_else(|e| {
+        eprintln!("vqblk {what}: {e:#}");
+        2
+    })
 }
 
 fn main() {
     let cli = Cli::parse();
     let code = match cli.command {
         Command::Serve(args) => vqblk::cli::run_serve(*args),
-        Command::Bench(args) => match vqblk_bench::run(*args) {
-            Ok(code) => code,
-            Err(e) => {
-                eprintln!("vqblk bench: {e:#}");
-                2
-            }
-        },
+        Command::Bench(args) => exit_code("bench", vqblk_bench::run(*args)),
+        Command::Sweep(args) => exit_code("sweep", vqblk_study::run_sweep(*args)),
+        Command::Report(args) => exit_code("report", vqblk_study::run_report(*args)),
+        Command::Recommend(args) => exit_code("recommend", vqblk_study::run_recommend(*args)),
     };
     std::process::exit(code);
 }

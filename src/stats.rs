@@ -21,6 +21,11 @@ impl Counter {
             Ordering::Relaxed,
         );
     }
+    /// Overwrites the value (for gauges).
+    #[inline]
+    pub fn set(&self, v: u64) {
+        self.0.store(v, Ordering::Relaxed);
+    }
     /// Current value.
     pub fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
@@ -67,6 +72,16 @@ pub struct IoThreadStats {
     pub notifications: Counter,
     /// Malformed or failed requests.
     pub errors: Counter,
+    /// Current polling window in ns (gauge).
+    pub poll_window_ns: Counter,
+    /// Passes that busy-polled.
+    pub poll_attempts: Counter,
+    /// Passes whose work was found by polling (no sleep).
+    pub poll_hits: Counter,
+    /// Time spent busy-polling, ns.
+    pub poll_ns: Counter,
+    /// Time spent blocked in epoll_wait, ns.
+    pub sleep_ns: Counter,
     queues: Mutex<Vec<(String, u16, Arc<QueueCounters>)>>,
 }
 
@@ -123,6 +138,11 @@ impl IoThreadStats {
             passes: self.passes.get(),
             notifications: self.notifications.get(),
             errors: self.errors.get(),
+            poll_window_ns: self.poll_window_ns.get(),
+            poll_attempts: self.poll_attempts.get(),
+            poll_hits: self.poll_hits.get(),
+            poll_seconds: self.poll_ns.get() as f64 / 1e9,
+            sleep_seconds: self.sleep_ns.get() as f64 / 1e9,
             queues,
         }
     }
@@ -192,6 +212,16 @@ pub struct IoThreadSnapshot {
     pub notifications: u64,
     /// Failed or malformed requests.
     pub errors: u64,
+    /// Current polling window, ns.
+    pub poll_window_ns: u64,
+    /// Passes that busy-polled.
+    pub poll_attempts: u64,
+    /// Passes whose work was found by polling.
+    pub poll_hits: u64,
+    /// Seconds spent busy-polling.
+    pub poll_seconds: f64,
+    /// Seconds spent blocked waiting for events.
+    pub sleep_seconds: f64,
     /// Per-queue counters for the queues this thread served.
     pub queues: Vec<QueueSnapshot>,
 }

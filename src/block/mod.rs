@@ -269,6 +269,8 @@ pub trait Engine {
     fn notify_fd(&self) -> Option<RawFd>;
     /// Consumes the readiness of `notify_fd` (called when epoll reported it).
     fn clear_notify(&self) {}
+    /// Whether completions are waiting to be reaped (cheap: used while polling).
+    fn has_completions(&mut self) -> bool;
 }
 
 /// Runs one operation synchronously with plain syscalls: the `threads` backend.
@@ -349,6 +351,13 @@ impl Engines {
             p.commit()?;
         }
         Ok(())
+    }
+
+    /// Whether any engine has completions waiting.
+    pub fn has_completions(&mut self) -> bool {
+        self.null.has_completions()
+            || self.uring.as_mut().is_some_and(|u| u.has_completions())
+            || self.pool.as_mut().is_some_and(|p| p.has_completions())
     }
 
     /// Reaps every engine.

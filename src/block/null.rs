@@ -39,6 +39,10 @@ impl Engine for NullEngine {
         out.append(&mut self.done);
     }
 
+    fn has_completions(&mut self) -> bool {
+        !self.done.is_empty()
+    }
+
     fn notify_fd(&self) -> Option<RawFd> {
         None
     }

@@ -93,6 +93,10 @@ impl Engine for PoolEngine {
         out.append(&mut self.done.list.lock().unwrap());
     }
 
+    fn has_completions(&mut self) -> bool {
+        !self.done.list.lock().unwrap().is_empty()
+    }
+
     fn notify_fd(&self) -> Option<RawFd> {
         Some(self.done.efd.as_raw_fd())
     }

@@ -89,6 +89,10 @@ impl Engine for UringEngine {
         }
     }
 
+    fn has_completions(&mut self) -> bool {
+        !self.ring.completion().is_empty()
+    }
+
     fn notify_fd(&self) -> Option<RawFd> {
         Some(self.efd.as_raw_fd())
     }

@@ -1,0 +1,148 @@
+"""Shared pieces of the benchmark scripts: start vqblk serve or
+qemu-storage-daemon, run `vqblk bench` against a socket or a file, and read a
+server's CPU time from /proc (summed over all of its threads)."""
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VQBLK = os.path.join(ROOT, "target", "release", "vqblk")
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def proc_cpu_seconds(pid):
+    """utime+stime of every thread of pid, in seconds."""
+    total = 0
+    task_dir = f"/proc/{pid}/task"
+    for tid in os.listdir(task_dir):
+        try:
+            with open(f"{task_dir}/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            pass
+    # Threads that exited are accounted in the process-wide counters.
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    proc_total = int(fields[11]) + int(fields[12])
+    return max(total, proc_total) / CLK_TCK
+
+
+def wait_socket(path, proc, timeout=20):
+    t = time.time()
+    while not os.path.exists(path):
+        if proc.poll() is not None:
+            sys.exit(f"server exited early: {proc.args}")
+        if time.time() - t > timeout:
+            sys.exit(f"socket {path} never appeared")
+        time.sleep(0.05)
+    time.sleep(0.2)
+
+
+def start_vqblk(backend, image, sock, queues=1, iothreads=1, extra=()):
+    args = [VQBLK, "serve", "--socket", sock, "--queues", str(queues), "--iothreads", str(iothreads),
+            "--log-level", "warn", *extra]
+    if backend == "null":
+        args += ["--backend", "null", "--size", "1G"]
+    else:
+        args += ["--image", image, "--cache", "none"]
+    return subprocess.Popen(args, stdout=subprocess.DEVNULL)
+
+
+def start_qsd(backend, image, sock, queues=1):
+    if backend == "null":
+        blockdev = "driver=null-co,node-name=disk,size=1073741824,read-zeroes=on"
+    else:
+        blockdev = f"driver=file,node-name=disk,filename={image},cache.direct=on,aio=io_uring"
+    args = [
+        "qemu-storage-daemon",
+        "--blockdev", blockdev,
+        "--object", "iothread,id=iot0",
+        "--export", f"type=vhost-user-blk,id=exp0,node-name=disk,addr.type=unix,addr.path={sock},"
+                    f"writable=on,num-queues={queues},iothread=iot0",
+    ]
+    return subprocess.Popen(args, stdout=subprocess.DEVNULL)
+
+
+def run_bench(target, iodepth, runtime, server_pid=None, rw="randread", numjobs=1, bs="4k"):
+    args = [VQBLK, "bench", "--name", "bench", "--target", target, "--rw", rw, "--bs", bs,
+            "--numjobs", str(numjobs), "--iodepth", str(iodepth), "--runtime", str(runtime), "--ramp_time", "1",
+            "--time_based", "--size", "256M", "--group_reporting", "--output-format", "json"]
+    cpu0 = proc_cpu_seconds(server_pid) if server_pid else None
+    t0 = time.time()
+    out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
+    elapsed = time.time() - t0
+    cpu1 = proc_cpu_seconds(server_pid) if server_pid else None
+    j = json.loads(out)
+    job = j["jobs"][0]
+    r = job["read"] if job["read"]["total_ios"] else job["write"]
+    pct = r["clat_ns"]["percentile"]
+    res = {
+        "iops": r["iops"],
+        "p50_us": pct["50.000000"] / 1000,
+        "p99_us": pct["99.000000"] / 1000,
+        "total_ios": r["total_ios"],
+    }
+    if server_pid:
+        # CPU over the whole client run (ramp included) divided by the I/Os of
+        # the whole run: the ramp's I/Os are estimated at the measured rate.
+        ios_all = r["iops"] * elapsed
+        res["server_cpu_s"] = cpu1 - cpu0
+        res["server_cpu_per_s"] = (cpu1 - cpu0) / elapsed
+        res["server_cpu_us_per_io"] = (cpu1 - cpu0) / ios_all * 1e6 if ios_all else 0.0
+    return res
+
+
+def median_of(runs):
+    keys = runs[0].keys()
+    return {k: statistics.median(r[k] for r in runs) for k in keys}
+
+
+
+def median_of(runs):
+    keys = runs[0].keys()
+    return {k: statistics.median(r[k] for r in runs) for k in keys}
+
+
+def make_image(path, size_mib=512):
+    """A raw image full of real data, so O_DIRECT reads hit the disk."""
+    if os.path.exists(path) and os.path.getsize(path) == size_mib << 20:
+        return
+    with open(path, "wb") as f:
+        for _ in range(size_mib):
+            f.write(os.urandom(1 << 20))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def ensure_tools():
+    if not os.path.exists(VQBLK):
+        subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=ROOT, check=True)
+    if not shutil.which("qemu-storage-daemon"):
+        sys.exit("qemu-storage-daemon not found (Debian qemu-utils; run scripts/install-deps.sh)")
+
+
+def versions():
+    return {
+        "vqblk": subprocess.run([VQBLK, "--version"], capture_output=True, text=True).stdout.strip(),
+        "qemu-storage-daemon": subprocess.run(["qemu-storage-daemon", "--version"], capture_output=True,
+                                              text=True).stdout.splitlines()[0],
+        "kernel": os.uname().release,
+        "cpus": os.cpu_count(),
+        "cpu_model": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")),
+                          "?"),
+    }
+
+
+def stop(proc):
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
