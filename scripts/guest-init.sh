@@ -32,6 +32,14 @@
 #   vqblk.dev=vda          device name (default vda)
 #   vqblk.timeout=SEC      guest watchdog: report failure and power off after SEC
 #                          seconds (default 240)
+#   vqblk.reboot=1         rw mode only: exercise a device reset inside one QEMU
+#                          process.  Boot 1 runs the rw checks; if they pass it
+#                          writes a marker into the device's last 64 KiB and does
+#                          `reboot -f` (needs QEMU without -no-reboot: run-guest.sh
+#                          --allow-reboot).  Boot 2 finds the marker, clears it,
+#                          re-reads the writer regions (as read-verify) and reports
+#                          {"boot":2,"rebooted":true,...}.  A boot-1 failure is
+#                          reported at once with "boot":1.
 #   vqblk.debug=1          set -x
 #
 # The pattern (scripts/check-image.py recomputes it on the host): every 512-byte
@@ -69,6 +77,7 @@ P_SERIAL_SET=0
 P_DEV=vda
 P_TIMEOUT=240
 P_DEBUG=0
+P_REBOOT=0
 
 # shellcheck disable=SC2013  # word splitting of the cmdline is what we want
 for arg in $(cat /proc/cmdline); do
@@ -88,6 +97,7 @@ for arg in $(cat /proc/cmdline); do
         vqblk.dev=*)                P_DEV=${arg#*=} ;;
         vqblk.timeout=*)            P_TIMEOUT=${arg#*=} ;;
         vqblk.debug=*)              P_DEBUG=${arg#*=} ;;
+        vqblk.reboot=*)             P_REBOOT=${arg#*=} ;;
     esac
 done
 [ "$P_DEBUG" = 1 ] && set -x
@@ -282,7 +292,38 @@ verify_regions() {
     done
 }
 
+# ------------------------------------------------------------------ reboot marker
+# vqblk.reboot=1: the only state that survives the reboot is the disk, so the boot
+# number lives in a marker chunk at the end of the device.
+BOOT=1
+MARK_LINE="VQBLK-REBOOT-MARKER seed=$P_SEED"
+MARK_OFF=$(( (SIZE * 512 / CHUNK - 1) * CHUNK ))
+if [ "$P_REBOOT" = 1 ]; then
+    [ "$P_MODE" = rw ] || fail "vqblk.reboot=1 needs vqblk.mode=rw (got $P_MODE)"
+    # shellcheck disable=SC2086
+    mark=$(dd if="$DEV" bs=$CHUNK skip=$(( MARK_OFF / CHUNK )) count=1 $DIRECT_IN 2>/dev/null |
+        tr -d '\000' | head -n 1)
+    if [ "$mark" = "$MARK_LINE" ]; then
+        BOOT=2
+        log "reboot: marker found at $MARK_OFF: this is boot 2 (after the device reset)"
+        # shellcheck disable=SC2086
+        dd if=/dev/zero of="$DEV" bs=$CHUNK seek=$(( MARK_OFF / CHUNK )) count=1 $DIRECT_OUT \
+            2>/dev/null || fail "reboot: clearing the marker failed"
+    fi
+    fact_num boot "$BOOT"
+fi
+
 # ------------------------------------------------------------------ modes
+if [ "$BOOT" = 2 ]; then
+    # Boot 2 of vqblk.reboot=1: only read back what boot 1 wrote.
+    drop_caches
+    verify_regions
+    fact_raw writers "[$WJSON]"
+    fact_raw rebooted true
+    log "checks finished at $(uptime_s)s (boot 2)"
+    finish
+fi
+
 case "$P_MODE" in
 rw)
     [ "$RO" = 0 ] || fail "mode rw but $SYS/ro is $RO"
@@ -398,4 +439,21 @@ read-verify)
 esac
 
 log "checks finished at $(uptime_s)s"
+if [ "$P_REBOOT" = 1 ] && [ -z "$FAILS" ]; then
+    printf '%s\n' "$MARK_LINE" > /tmp/mark
+    # conv=sync pads the one input block with zeroes to a full 64 KiB chunk
+    dd if=/tmp/mark of=/tmp/mark.chunk bs=$CHUNK count=1 conv=sync 2>/dev/null
+    # shellcheck disable=SC2086
+    if dd if=/tmp/mark.chunk of="$DEV" bs=$CHUNK seek=$(( MARK_OFF / CHUNK )) $DIRECT_OUT 2>/dev/null; then
+        sync
+        [ -n "${WATCHDOG_PID:-}" ] && kill "$WATCHDOG_PID" 2>/dev/null
+        log "reboot: boot 1 passed at $(uptime_s)s; marker written; reboot -f (device reset)"
+        echo 1 > /proc/sys/kernel/printk 2>/dev/null
+        reboot -f
+        sleep 5
+        fail "reboot: reboot -f returned"
+    else
+        fail "reboot: writing the marker failed"
+    fi
+fi
 finish

@@ -5,7 +5,8 @@
 # Usage:
 #   run-guest.sh --socket PATH [--queues N] [--append 'vqblk.mode=rw ...'] [--log FILE]
 #                [--timeout SEC] [--guest-dir DIR] [--smp N] [--mem SIZE]
-#                [--queue-size N] [--reconnect-ms MS] [--qmp PATH] [-- EXTRA QEMU ARGS]
+#                [--queue-size N] [--reconnect-ms MS] [--qmp PATH] [--pidfile PATH]
+#                [--allow-reboot] [-- EXTRA QEMU ARGS]
 #
 #   --socket PATH      vhost-user-blk server socket (required); QEMU is the client
 #   --queues N         num-queues of the vhost-user-blk-pci device (default 1)
@@ -19,6 +20,11 @@
 #   --queue-size N     virtqueue size (default: QEMU's, 128)
 #   --reconnect-ms MS  chardev reconnect-ms (QEMU reconnects if the backend goes away)
 #   --qmp PATH         also expose a QMP unix socket (for device/backend tests)
+#   --pidfile PATH     QEMU writes its pid there (to kill -9 QEMU itself: killing this
+#                      script does not reach it, `timeout` runs it in its own group)
+#   --allow-reboot     drop -no-reboot, so a guest reboot resets the devices inside the
+#                      same QEMU process (guest-init.sh vqblk.reboot=1); a guest panic
+#                      then reboots too (the guest is re-run until --timeout)
 #
 # stdout: the VQBLK-RESULT line (without the prefix: just the JSON), if any.
 # Exit status: 0  guest reported ok=true
@@ -32,6 +38,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
 
 SOCKET='' QUEUES=1 APPEND='' LOG='' TIMEOUT=180 SMP=2 MEM=512M QSIZE='' RECONNECT='' QMP=''
+PIDFILE='' REBOOT=0
 GUEST_DIR=${VQBLK_GUEST_DIR:-$REPO/target/vqblk-guest}
 EXTRA=()
 
@@ -50,6 +57,8 @@ while [ $# -gt 0 ]; do
         --queue-size) QSIZE=$2; shift 2 ;;
         --reconnect-ms) RECONNECT=$2; shift 2 ;;
         --qmp) QMP=$2; shift 2 ;;
+        --pidfile) PIDFILE=$2; shift 2 ;;
+        --allow-reboot) REBOOT=1; shift ;;
         --) shift; EXTRA=("$@"); break ;;
         -h|--help) usage ;;
         *) echo "run-guest: unknown argument $1" >&2; usage ;;
@@ -79,7 +88,6 @@ args=(
     -accel tcg
     # -nodefaults: no VGA, NIC, floppy, CD-ROM, parallel port or default monitor
     -nodefaults -display none -vga none -nic none -monitor none
-    -no-reboot
     -serial "file:$LOG"
     -kernel "$GUEST_DIR/vmlinuz"
     -initrd "$GUEST_DIR/initramfs.cpio.gz"
@@ -89,6 +97,9 @@ args=(
     -device "$device"
 )
 [ -n "$QMP" ] && args+=(-qmp "unix:$QMP,server=on,wait=off")
+[ -n "$PIDFILE" ] && args+=(-pidfile "$PIDFILE")
+# -no-reboot: a guest reboot (or a panic, see panic=-1 above) makes QEMU exit.
+[ "$REBOOT" -eq 1 ] || args+=(-no-reboot)
 
 echo "run-guest: qemu-system-x86_64 ${args[*]} ${EXTRA[*]}" >&2
 start=$(date +%s.%N)
@@ -99,7 +110,10 @@ end=$(date +%s.%N)
 elapsed=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }')
 
 result=$(tr -d '\r' < "$LOG" | sed -n 's/^.*VQBLK-RESULT //p' | tail -n 1)
-if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+# 124: timeout fired; 137: QEMU got SIGKILL, from `timeout -k` only if the time ran out
+# (anything else, e.g. a test doing kill -9 on QEMU, is "no result", not a timeout).
+timed_out=$(awk -v e="$elapsed" -v t="$TIMEOUT" 'BEGIN { print (e >= t) ? 1 : 0 }')
+if [ "$rc" -eq 124 ] || { [ "$rc" -eq 137 ] && [ "$timed_out" -eq 1 ]; }; then
     echo "run-guest: TIMEOUT after ${TIMEOUT}s; serial log: $LOG" >&2
     tail -n 20 "$LOG" >&2 || true
     [ -n "$result" ] && echo "$result"

@@ -310,6 +310,9 @@ struct Inflight {
     /// The iovecs the operation points to (heap: stable address).
     iov: Vec<libc::iovec>,
     op: IoOp,
+    /// Length of the whole request's data, bytes (`op.len` shrinks when a
+    /// short transfer is resubmitted).
+    len: u64,
     /// Bytes transferred so far (for short reads/writes).
     done: u64,
     /// Guest segments, when a bounce buffer stands in for them.
@@ -880,6 +883,7 @@ impl IoThread {
             mem: mem.clone(),
             iov,
             op,
+            len,
             done: 0,
             bounce,
         });
@@ -1020,10 +1024,8 @@ impl IoThread {
                     st = status::IOERR;
                 }
             }
-            used = inf.bounce.as_ref().map_or(
-                inf.iov.iter().map(|v| v.iov_len).sum::<usize>(),
-                |(_, s)| s.iter().map(|s| s.len as usize).sum(),
-            ) as u32;
+            // The whole request was transferred (short transfers were resubmitted).
+            used = inf.len as u32;
         }
         let q = self.queues[inf.slot].as_ref().unwrap();
         let c = &q.counters;
@@ -1035,7 +1037,7 @@ impl IoThread {
             IoKind::Write => {
                 c.writes.add(1);
                 if st == status::OK {
-                    c.bytes_written.add(inf.op.len + inf.done);
+                    c.bytes_written.add(inf.len);
                 }
             }
             IoKind::Flush => c.flushes.add(1),

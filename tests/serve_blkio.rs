@@ -75,6 +75,15 @@ fn concurrent_patterns_on_every_backend() {
         drop(c);
         let stats = daemon.shutdown();
         let total: u64 = stats.iothreads.iter().map(|t| t.requests).sum();
+        let queues = stats.iothreads.iter().flat_map(|t| &t.queues);
+        let written: u64 = queues.clone().map(|q| q.bytes_written).sum();
+        let read: u64 = queues.map(|q| q.bytes_read).sum();
+        assert_eq!(
+            written,
+            (4 * per) as u64,
+            "{backend:?}: bytes_written counter"
+        );
+        assert_eq!(read, (4 * per) as u64, "{backend:?}: bytes_read counter");
         assert!(
             total >= 4 * blocks_per_writer as u64 + 5,
             "{backend:?}: {total} requests counted"

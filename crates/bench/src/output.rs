@@ -294,6 +294,22 @@ pub fn to_json(r: &Report) -> FioJson {
     });
     if let Some(pid) = r.server_pid {
         vq["server_pid"] = json!(pid);
+        // Per server thread (for vqblk: each IOThread `vqblk-iotN`), threads
+        // that used CPU during the measured passes.
+        vq["server_threads"] = Value::Array(
+            r.server_threads
+                .iter()
+                .filter(|t| !t.cpu.is_zero())
+                .map(|t| {
+                    json!({
+                        "tid": t.tid,
+                        "name": t.name,
+                        "cpu_s": t.cpu.as_secs_f64(),
+                        "cpu_per_io_us": per_io_us(t.cpu, ios),
+                    })
+                })
+                .collect(),
+        );
         match &r.server_cpu {
             Some(Ok(t)) => {
                 vq["server_cpu_s"] = json!(t.total().as_secs_f64());

@@ -137,6 +137,8 @@ pub struct Report {
     pub server_cpu: Option<Result<CpuTimes, String>>,
     /// `--server-pid`.
     pub server_pid: Option<u32>,
+    /// The server's CPU time per thread over the passes (with `--server-pid`).
+    pub server_threads: Vec<cpu::ThreadCpu>,
     /// Verification results, when verify was asked for.
     pub verify: Option<VerifySummary>,
     /// Targets used.
@@ -738,6 +740,7 @@ pub fn execute(
     let mut client_cpu = CpuTimes::default();
     let mut server_cpu: Option<Result<CpuTimes, String>> =
         plan.server_pid.map(|_| Ok(CpuTimes::default()));
+    let mut server_threads: Vec<cpu::ThreadCpu> = Vec::new();
     let mut elapsed = Duration::ZERO;
     let progress = plan.progress && std::io::stdout().is_terminal();
 
@@ -805,6 +808,7 @@ pub fn execute(
             let mut sampled = false;
             let mut client0 = cpu::process_times();
             let mut server0 = plan.server_pid.map(cpu::server_times);
+            let mut threads0 = plan.server_pid.map(cpu::server_thread_times).unwrap_or_default();
             if ramp.is_zero() {
                 sampled = true;
             }
@@ -823,6 +827,7 @@ pub fn execute(
                     sampled = true;
                     client0 = cpu::process_times();
                     server0 = plan.server_pid.map(cpu::server_times);
+                    threads0 = plan.server_pid.map(cpu::server_thread_times).unwrap_or_default();
                 }
                 if progress && last_print.elapsed() >= Duration::from_millis(1000) {
                     let interval = last_print.elapsed();
@@ -840,6 +845,13 @@ pub fn execute(
             let wall = t0.elapsed().saturating_sub(ramp);
             let client1 = cpu::process_times();
             let server1 = plan.server_pid.map(cpu::server_times);
+            let threads1 = plan.server_pid.map(cpu::server_thread_times).unwrap_or_default();
+            for d in cpu::thread_delta(&threads0, &threads1) {
+                match server_threads.iter_mut().find(|t| t.tid == d.tid) {
+                    Some(t) => t.cpu += d.cpu,
+                    None => server_threads.push(d),
+                }
+            }
             elapsed += wall;
             client_cpu = add_cpu(client_cpu, client1.since(&client0));
             if let (Some(acc), Some(a), Some(b)) = (server_cpu.as_mut(), server0, server1) {
@@ -927,6 +939,7 @@ pub fn execute(
         client_cpu,
         server_cpu,
         server_pid: plan.server_pid,
+        server_threads,
         verify: verify.then_some(vsum),
         targets,
         group_reporting: group,

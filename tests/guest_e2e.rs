@@ -1,0 +1,1050 @@
+//! End to end: a real Linux guest under QEMU (TCG) drives `vqblk serve` over
+//! vhost-user-blk (issue 5).
+//!
+//! Every test boots the kit's guest (a Debian kernel + a busybox initramfs whose
+//! /init is `scripts/guest-init.sh`) with `scripts/run-guest.sh` and reads the
+//! guest's `VQBLK-RESULT` JSON; the host then checks the image
+//! (`scripts/check-image.py`) and the daemon's `--stats-file` counters.
+//!
+//! These tests never skip: a missing QEMU, kernel, busybox or initramfs is a
+//! failure that says what is missing (`scripts/install-deps.sh` installs the kit).
+//! They take a global lock, so they run one at a time whatever `--test-threads`
+//! says: each TCG guest already wants more CPUs than the 2-core CI machine has.
+//! Artefacts (serial logs, daemon logs, run-guest stderr, images) stay under
+//! `target/tmp/e2e-*-PID/` when a test fails, and every failure message ends
+//! with the tails of those logs.
+
+mod common;
+
+use std::fs;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const MIB: u64 = 1 << 20;
+/// The image every read-write test serves (sparse).
+const IMAGE_SIZE: u64 = 256 * MIB;
+const CAPACITY_SECTORS: u64 = IMAGE_SIZE / 512;
+/// Host-side limit for one `run-guest.sh` (QEMU is killed after it).
+const GUEST_TIMEOUT_S: u32 = 240;
+/// The guest's own watchdog (reports a failure and powers off), below the host's.
+const GUEST_WATCHDOG_S: u32 = 200;
+
+// ------------------------------------------------------------------ the kit
+
+struct Kit {
+    repo: PathBuf,
+    guest_dir: PathBuf,
+}
+
+/// QEMU, kernel + initramfs: checked and built once per test process. Panics
+/// (in every test that asks) with the reason when something is missing.
+fn kit() -> &'static Kit {
+    static KIT: OnceLock<Result<Kit, String>> = OnceLock::new();
+    match KIT.get_or_init(build_kit) {
+        Ok(k) => k,
+        Err(e) => panic!("guest test kit unavailable (run scripts/install-deps.sh): {e}"),
+    }
+}
+
+fn build_kit() -> Result<Kit, String> {
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    // <target>/vqblk-guest: run-guest.sh's own default when CARGO_TARGET_DIR is unset.
+    let guest_dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .expect("CARGO_TARGET_TMPDIR has a parent")
+        .join("vqblk-guest");
+    let qemu = Command::new("qemu-system-x86_64")
+        .arg("--version")
+        .output()
+        .map_err(|e| format!("qemu-system-x86_64 not runnable: {e}"))?;
+    if !qemu.status.success() {
+        return Err(format!(
+            "qemu-system-x86_64 --version failed: {}",
+            String::from_utf8_lossy(&qemu.stderr)
+        ));
+    }
+    let version = String::from_utf8_lossy(&qemu.stdout);
+    eprintln!("[e2e] {}", version.lines().next().unwrap_or("?"));
+    let py = Command::new("python3").arg("--version").output();
+    if !py.is_ok_and(|o| o.status.success()) {
+        return Err("python3 not runnable (scripts/check-image.py needs it)".into());
+    }
+    let t = Instant::now();
+    let out = Command::new(repo.join("scripts/build-initramfs.sh"))
+        .arg(&guest_dir)
+        .output()
+        .map_err(|e| format!("scripts/build-initramfs.sh: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "scripts/build-initramfs.sh {} failed ({}):\n{}{}",
+            guest_dir.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    for f in ["vmlinuz", "initramfs.cpio.gz"] {
+        let p = guest_dir.join(f);
+        if fs::metadata(&p).map_or(true, |m| m.len() == 0) {
+            return Err(format!("{} missing after build-initramfs.sh", p.display()));
+        }
+    }
+    eprintln!(
+        "[e2e] guest kit ready in {:.1}s: {} (kernel {})",
+        t.elapsed().as_secs_f64(),
+        guest_dir.display(),
+        fs::read_to_string(guest_dir.join("kernel-release"))
+            .unwrap_or_default()
+            .trim()
+    );
+    Ok(Kit { repo, guest_dir })
+}
+
+/// One guest test at a time (see the module doc).
+fn serialize() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Test scaffolding: the kit, the lock, a scratch dir, timing.
+struct Case {
+    name: &'static str,
+    dir: PathBuf,
+    start: Instant,
+    _lock: MutexGuard<'static, ()>,
+}
+
+impl Case {
+    fn new(name: &'static str) -> Case {
+        let lock = serialize();
+        let _ = kit();
+        let dir = common::scratch(&format!("e2e-{name}"));
+        eprintln!("[e2e] {name}: start (artefacts in {})", dir.display());
+        Case {
+            name,
+            dir,
+            start: Instant::now(),
+            _lock: lock,
+        }
+    }
+
+    /// The last lines of every log in the scratch dir, for failure messages.
+    fn diag(&self) -> String {
+        let mut out = format!("\n--- artefacts in {}", self.dir.display());
+        let mut files: Vec<PathBuf> = fs::read_dir(&self.dir)
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        files.sort();
+        for p in files {
+            let ext = p.extension().and_then(|e| e.to_str()).unwrap_or("");
+            if !matches!(ext, "log" | "err") {
+                continue;
+            }
+            let text = fs::read(&p).unwrap_or_default();
+            let text = String::from_utf8_lossy(&text);
+            let lines: Vec<&str> = text.lines().collect();
+            let from = lines.len().saturating_sub(25);
+            out += &format!(
+                "\n--- {} (last {} lines)\n",
+                p.display(),
+                lines.len() - from
+            );
+            for l in &lines[from..] {
+                // The result lines are long; the JSON is printed separately anyway.
+                let l: String = l.chars().take(400).collect();
+                out += &l;
+                out.push('\n');
+            }
+        }
+        out
+    }
+
+    fn fail(&self, msg: impl AsRef<str>) -> ! {
+        panic!("{}: {}{}", self.name, msg.as_ref(), self.diag())
+    }
+
+    fn check(&self, cond: bool, msg: impl FnOnce() -> String) {
+        if !cond {
+            self.fail(msg())
+        }
+    }
+
+    fn done(self) {
+        eprintln!(
+            "[e2e] {}: PASSED in {:.1}s",
+            self.name,
+            self.start.elapsed().as_secs_f64()
+        );
+        // VQBLK_E2E_KEEP=1 keeps the artefacts of passing tests too.
+        if std::env::var_os("VQBLK_E2E_KEEP").is_none() {
+            let _ = fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+// ------------------------------------------------------------------ the daemon
+
+fn signal(pid: u32, sig: i32) {
+    // SAFETY: kill(2) on a child process of ours.
+    unsafe { libc::kill(pid as i32, sig) };
+}
+
+struct DaemonOpts<'a> {
+    image: &'a Path,
+    socket: &'a Path,
+    queues: u16,
+    iothreads: u16,
+    serial: &'a str,
+    create: bool,
+    read_only: bool,
+}
+
+/// A `vqblk serve` child process.
+struct Daemon {
+    child: Child,
+    tag: String,
+    socket: PathBuf,
+    stats: PathBuf,
+}
+
+impl Daemon {
+    /// Starts `vqblk serve`, logs to `<tag>.log`, stats in `<tag>-stats.json`;
+    /// returns once the socket exists.
+    fn start(case: &Case, tag: &str, o: &DaemonOpts) -> Daemon {
+        let log = case.dir.join(format!("{tag}.log"));
+        let stats = case.dir.join(format!("{tag}-stats.json"));
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_vqblk"));
+        cmd.arg("serve")
+            .arg("--image")
+            .arg(o.image)
+            .arg("--socket")
+            .arg(o.socket)
+            .args(["--queues", &o.queues.to_string()])
+            .args(["--iothreads", &o.iothreads.to_string()])
+            .args(["--serial", o.serial])
+            .arg("--stats-file")
+            .arg(&stats)
+            .args(["--log-level", "debug"]);
+        if o.create {
+            cmd.args(["--create", &format!("{}M", IMAGE_SIZE / MIB)]);
+        }
+        if o.read_only {
+            cmd.arg("--read-only");
+        }
+        let logf = fs::File::create(&log).unwrap();
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(logf.try_clone().unwrap())
+            .stderr(logf)
+            .spawn()
+            .unwrap_or_else(|e| case.fail(format!("cannot start vqblk: {e}")));
+        let mut d = Daemon {
+            child,
+            tag: tag.to_string(),
+            socket: o.socket.to_path_buf(),
+            stats,
+        };
+        let t = Instant::now();
+        while !o.socket.exists() {
+            if let Ok(Some(st)) = d.child.try_wait() {
+                case.fail(format!("{tag}: vqblk exited at startup: {st}"));
+            }
+            if t.elapsed() > Duration::from_secs(20) {
+                case.fail(format!(
+                    "{tag}: socket {} never appeared",
+                    o.socket.display()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        eprintln!("[e2e]   {tag}: vqblk serve pid {} up", d.child.id());
+        d
+    }
+
+    fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Live counters: SIGUSR1, then the freshly (atomically) written stats file.
+    fn stats(&mut self, case: &Case) -> Value {
+        let _ = fs::remove_file(&self.stats);
+        signal(self.child.id(), libc::SIGUSR1);
+        let t = Instant::now();
+        loop {
+            if let Ok(s) = fs::read_to_string(&self.stats) {
+                match serde_json::from_str(&s) {
+                    Ok(v) => return v,
+                    Err(e) => case.fail(format!("{}: bad stats file: {e}: {s}", self.tag)),
+                }
+            }
+            if !self.alive() {
+                case.fail(format!("{}: vqblk died", self.tag));
+            }
+            if t.elapsed() > Duration::from_secs(10) {
+                case.fail(format!("{}: no stats file 10s after SIGUSR1", self.tag));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// SIGTERM: must exit 0 within 30 s, remove its socket and write the stats.
+    fn term(mut self, case: &Case) -> Value {
+        let _ = fs::remove_file(&self.stats);
+        signal(self.child.id(), libc::SIGTERM);
+        let st = self.wait_exit(case, Duration::from_secs(30));
+        case.check(st.code() == Some(0), || {
+            format!("{}: vqblk exited with {st} after SIGTERM", self.tag)
+        });
+        case.check(!self.socket.exists(), || {
+            format!("{}: socket left behind after SIGTERM", self.tag)
+        });
+        let s = fs::read_to_string(&self.stats)
+            .unwrap_or_else(|e| case.fail(format!("{}: stats file after SIGTERM: {e}", self.tag)));
+        serde_json::from_str(&s)
+            .unwrap_or_else(|e| case.fail(format!("{}: bad stats file: {e}", self.tag)))
+    }
+
+    /// kill -9: nothing is drained, the socket file stays behind.
+    fn kill9(mut self, case: &Case) {
+        signal(self.child.id(), libc::SIGKILL);
+        self.wait_exit(case, Duration::from_secs(10));
+        eprintln!("[e2e]   {}: vqblk killed (SIGKILL)", self.tag);
+    }
+
+    fn wait_exit(&mut self, case: &Case, limit: Duration) -> ExitStatus {
+        let t = Instant::now();
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return st;
+            }
+            if t.elapsed() > limit {
+                signal(self.child.id(), libc::SIGKILL);
+                let _ = self.child.wait();
+                case.fail(format!("{}: vqblk did not exit within {limit:?}", self.tag));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Sum of one per-queue counter over every queue of every IOThread.
+fn total(stats: &Value, key: &str) -> u64 {
+    queues(stats)
+        .iter()
+        .map(|(_, q)| q[key].as_u64().unwrap())
+        .sum()
+}
+
+/// (IOThread name, queue object) pairs.
+fn queues(stats: &Value) -> Vec<(String, Value)> {
+    let mut out = Vec::new();
+    for t in stats["iothreads"].as_array().expect("iothreads array") {
+        for q in t["queues"].as_array().expect("queues array") {
+            out.push((t["name"].as_str().unwrap().to_string(), q.clone()));
+        }
+    }
+    out
+}
+
+fn print_stats(tag: &str, stats: &Value) {
+    for t in stats["iothreads"].as_array().unwrap() {
+        let qs: Vec<String> = t["queues"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|q| {
+                format!(
+                    "q{}: {} req ({} w, {} r, {} other)",
+                    q["queue"], q["requests"], q["writes"], q["reads"], q["other"]
+                )
+            })
+            .collect();
+        eprintln!(
+            "[e2e]   {tag} {}: {} requests, cpu {}s; {}",
+            t["name"].as_str().unwrap(),
+            t["requests"],
+            t["cpu_seconds"],
+            qs.join(", ")
+        );
+    }
+}
+
+// ------------------------------------------------------------------ the guest
+
+#[derive(Clone)]
+struct GuestOpts {
+    smp: u32,
+    queues: u16,
+    append: String,
+    reconnect_ms: Option<u32>,
+    allow_reboot: bool,
+}
+
+impl GuestOpts {
+    fn new(smp: u32, queues: u16, append: &str) -> GuestOpts {
+        GuestOpts {
+            smp,
+            queues,
+            append: format!("{append} vqblk.timeout={GUEST_WATCHDOG_S}"),
+            reconnect_ms: None,
+            allow_reboot: false,
+        }
+    }
+}
+
+/// A `scripts/run-guest.sh` child (and, behind it, QEMU).
+struct Guest {
+    child: Option<Child>,
+    tag: String,
+    pidfile: PathBuf,
+    start: Instant,
+}
+
+/// How a guest run ended.
+struct Outcome {
+    /// run-guest.sh exit code: 0 ok, 1 checks failed, 2 no result, 124 timeout.
+    code: i32,
+    result: Option<Value>,
+    secs: f64,
+}
+
+impl Guest {
+    /// Boots a guest against `socket`; serial console in `<tag>-serial.log`,
+    /// run-guest.sh's (and QEMU's) stderr in `<tag>-run.err`.
+    fn spawn(case: &Case, tag: &str, socket: &Path, o: &GuestOpts) -> Guest {
+        let k = kit();
+        let pidfile = case.dir.join(format!("{tag}-qemu.pid"));
+        let err = fs::File::create(case.dir.join(format!("{tag}-run.err"))).unwrap();
+        let mut cmd = Command::new(k.repo.join("scripts/run-guest.sh"));
+        cmd.arg("--socket")
+            .arg(socket)
+            .args(["--queues", &o.queues.to_string()])
+            .args(["--smp", &o.smp.to_string()])
+            .args(["--append", &o.append])
+            .arg("--log")
+            .arg(case.dir.join(format!("{tag}-serial.log")))
+            .args(["--timeout", &GUEST_TIMEOUT_S.to_string()])
+            .arg("--guest-dir")
+            .arg(&k.guest_dir)
+            .arg("--pidfile")
+            .arg(&pidfile);
+        if let Some(ms) = o.reconnect_ms {
+            cmd.args(["--reconnect-ms", &ms.to_string()]);
+        }
+        if o.allow_reboot {
+            cmd.arg("--allow-reboot");
+        }
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(err)
+            .spawn()
+            .unwrap_or_else(|e| case.fail(format!("cannot run scripts/run-guest.sh: {e}")));
+        eprintln!(
+            "[e2e]   {tag}: guest booting (smp {}, num-queues {}): {}",
+            o.smp, o.queues, o.append
+        );
+        Guest {
+            child: Some(child),
+            tag: tag.to_string(),
+            pidfile,
+            start: Instant::now(),
+        }
+    }
+
+    /// QEMU's pid, if it is still running (a stale pid file of a QEMU that died
+    /// must not make us signal whatever process reused the pid).
+    fn qemu_pid(&self) -> Option<u32> {
+        let pid: u32 = fs::read_to_string(&self.pidfile)
+            .ok()?
+            .trim()
+            .parse()
+            .ok()?;
+        let comm = fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+        comm.starts_with("qemu").then_some(pid)
+    }
+
+    fn running(&mut self) -> bool {
+        matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
+    }
+
+    /// kill -9 QEMU itself (run-guest.sh then reports "no result").
+    fn kill_qemu(&self, case: &Case) {
+        let pid = self
+            .qemu_pid()
+            .unwrap_or_else(|| case.fail(format!("{}: no QEMU pid file", self.tag)));
+        signal(pid, libc::SIGKILL);
+        eprintln!("[e2e]   {}: QEMU pid {pid} killed (SIGKILL)", self.tag);
+    }
+
+    fn wait(mut self) -> Outcome {
+        let mut child = self.child.take().unwrap();
+        let mut out = String::new();
+        child
+            .stdout
+            .take()
+            .unwrap()
+            .read_to_string(&mut out)
+            .unwrap();
+        let st = child.wait().unwrap();
+        let code = st.code().unwrap_or(-1);
+        let result = out
+            .lines()
+            .rev()
+            .find(|l| l.starts_with('{'))
+            .and_then(|l| serde_json::from_str(l).ok());
+        let secs = self.start.elapsed().as_secs_f64();
+        eprintln!(
+            "[e2e]   {}: run-guest.sh exit {code} after {secs:.1}s",
+            self.tag
+        );
+        Outcome { code, result, secs }
+    }
+
+    /// Waits and insists on exit 0 / ok=true; returns the guest's result.
+    fn expect_ok(self, case: &Case) -> Value {
+        let tag = self.tag.clone();
+        let o = self.wait();
+        match (&o.result, o.code) {
+            (Some(r), 0) if r["ok"] == true => r.clone(),
+            (Some(r), c) => case.fail(format!(
+                "{tag}: guest failed (run-guest exit {c}, {:.1}s): failures {}\nresult: {r}",
+                o.secs, r["failures"]
+            )),
+            (None, c) => case.fail(format!(
+                "{tag}: no guest result (run-guest exit {c}: {}, {:.1}s)",
+                match c {
+                    2 => "QEMU failed or the guest died",
+                    124 => "timeout",
+                    _ => "?",
+                },
+                o.secs
+            )),
+        }
+    }
+}
+
+impl Drop for Guest {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            if let Some(pid) = self.qemu_pid() {
+                signal(pid, libc::SIGKILL);
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+// ------------------------------------------------------------------ checks
+
+/// `scripts/check-image.py`: the guest's patterns are in the image.
+fn check_image(case: &Case, image: &Path, writers: u32, region_kib: u32, seed: u32, discard: bool) {
+    let mut cmd = Command::new("python3");
+    cmd.arg(kit().repo.join("scripts/check-image.py"))
+        .arg(image)
+        .args(["--writers", &writers.to_string()])
+        .args(["--region-kib", &region_kib.to_string()])
+        .args(["--seed", &seed.to_string()]);
+    if discard {
+        cmd.arg("--discard");
+    }
+    let out = cmd.output().unwrap();
+    case.check(out.status.success(), || {
+        format!(
+            "check-image.py {} --writers {writers} --region-kib {region_kib} --seed {seed}: {}\n{}{}",
+            image.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    eprintln!(
+        "[e2e]   check-image.py: {writers} writer regions (seed {seed}){} OK in the image",
+        if discard {
+            " + zeroed discard region"
+        } else {
+            ""
+        }
+    );
+}
+
+/// The guest's per-writer read-back results: `n` writers, all ok.
+fn check_writers(case: &Case, r: &Value, n: usize) {
+    let w = r["writers"].as_array();
+    case.check(
+        w.is_some_and(|w| w.len() == n && w.iter().all(|x| x["ok"] == true)),
+        || format!("expected {n} verified writer regions, got {}", r["writers"]),
+    );
+}
+
+/// Basic facts of the device as the guest saw it.
+fn check_facts(case: &Case, r: &Value, mq: u64, capacity: u64, serial: &str, ro: bool) {
+    let facts = [
+        ("mq_queues", r["mq_queues"] == mq),
+        ("capacity_sectors", r["capacity_sectors"] == capacity),
+        ("logical_block_size", r["logical_block_size"] == 512),
+        ("serial", r["serial"] == serial),
+        ("ro", r["ro"] == ro),
+    ];
+    for (k, ok) in facts {
+        case.check(ok, || format!("guest fact {k} is {} (result {r})", r[k]));
+    }
+}
+
+fn count_in(path: &Path, needle: &str) -> usize {
+    fs::read_to_string(path)
+        .unwrap_or_default()
+        .matches(needle)
+        .count()
+}
+
+/// Polls the daemon's counters until `pred` holds.
+fn poll_stats(
+    case: &Case,
+    d: &mut Daemon,
+    what: &str,
+    limit: Duration,
+    pred: impl Fn(&Value) -> bool,
+) -> Value {
+    let t = Instant::now();
+    loop {
+        let s = d.stats(case);
+        if pred(&s) {
+            return s;
+        }
+        if t.elapsed() > limit {
+            case.fail(format!("{}: waited {limit:?} for {what}; stats {s}", d.tag));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The guest-init.sh / check-image.py sector pattern (for images the host writes).
+fn pattern_sector(writer: u64, lba: u64, seed: u64) -> Vec<u8> {
+    const LETTERS: &[u8] = b"abcdefghijklmnopqrstuvwxyz";
+    let mut s = format!("VQBLK seed={seed} writer={writer} lba={lba}|").into_bytes();
+    let c = LETTERS[((lba + 7 * writer + seed) % 26) as usize];
+    s.resize(511, c);
+    s.push(b'\n');
+    s
+}
+
+fn rw_append(serial: &str, queues: u16, region_kib: u32, seed: u32, discard: bool) -> String {
+    format!(
+        "vqblk.mode=rw vqblk.queues={queues} vqblk.serial={serial} \
+         vqblk.capacity_sectors={CAPACITY_SECTORS} vqblk.logical_block_size=512 \
+         vqblk.region_kib={region_kib} vqblk.seed={seed} vqblk.discard={}",
+        u8::from(discard)
+    )
+}
+
+// ------------------------------------------------------------------ tests
+
+/// 4 queues over 2 IOThreads, a 4-vCPU guest: every CPU writes its own pattern
+/// through its own queue; read back, discard, serial, geometry; then the image
+/// and the per-queue / per-IOThread counters.
+#[test]
+fn guest_rw_four_queues_two_iothreads() {
+    let case = Case::new("rw4");
+    let (image, sock) = (case.dir.join("disk.raw"), case.dir.join("vqblk.sock"));
+    let serial = "VQBLK-E2E-RW4";
+    let mut d = Daemon::start(
+        &case,
+        "vqblk",
+        &DaemonOpts {
+            image: &image,
+            socket: &sock,
+            queues: 4,
+            iothreads: 2,
+            serial,
+            create: true,
+            read_only: false,
+        },
+    );
+    let append = format!("{} vqblk.mq_queues=4", rw_append(serial, 4, 1024, 0, true));
+    let r = Guest::spawn(&case, "guest", &sock, &GuestOpts::new(4, 4, &append)).expect_ok(&case);
+    check_facts(&case, &r, 4, CAPACITY_SECTORS, serial, false);
+    case.check(r["nproc"] == 4, || format!("guest nproc {}", r["nproc"]));
+    check_writers(&case, &r, 4);
+    case.check(r["discard"]["reads_zero"] == true, || {
+        format!("discard: {}", r["discard"])
+    });
+
+    let live = d.stats(&case);
+    let fin = d.term(&case);
+    print_stats("final", &fin);
+    check_image(&case, &image, 4, 1024, 0, true);
+
+    // Every IOThread and every queue served requests, each queue on the
+    // IOThread of the default round-robin mapping (q -> q % 2), and every queue
+    // saw writes (writer w is pinned to CPU w, whose blk-mq queue is w).
+    let threads = fin["iothreads"].as_array().unwrap();
+    case.check(threads.len() == 2, || {
+        format!("2 IOThreads expected: {fin}")
+    });
+    for (i, t) in threads.iter().enumerate() {
+        case.check(
+            t["name"] == format!("vqblk-iot{i}") && t["requests"].as_u64() > Some(0),
+            || format!("IOThread {i} served nothing: {t}"),
+        );
+    }
+    for q in 0..4u64 {
+        let owners: Vec<(String, Value)> = queues(&fin)
+            .into_iter()
+            .filter(|(_, x)| x["queue"] == q)
+            .collect();
+        case.check(owners.len() == 1, || {
+            format!("queue {q}: expected one IOThread entry, got {owners:?}")
+        });
+        let (owner, c) = &owners[0];
+        case.check(*owner == format!("vqblk-iot{}", q % 2), || {
+            format!("queue {q} served by {owner}, expected vqblk-iot{}", q % 2)
+        });
+        case.check(
+            c["requests"].as_u64() > Some(0) && c["writes"].as_u64() > Some(0),
+            || format!("queue {q} served no writes: {c}"),
+        );
+        case.check(c["errors"] == 0, || format!("queue {q} had errors: {c}"));
+    }
+    // Every guest write is a 64 KiB dd chunk (writers and the discard pre-fill).
+    let (writes, bytes) = (total(&fin, "writes"), total(&fin, "bytes_written"));
+    case.check(bytes == writes * 65536, || {
+        format!(
+            "stats bytes_written = {bytes} for {writes} writes of 64 KiB (expected {})",
+            writes * 65536
+        )
+    });
+    // QEMU had exited: the SIGUSR1 snapshot and the exit one agree.
+    case.check(total(&live, "requests") == total(&fin, "requests"), || {
+        format!("SIGUSR1 stats {live} differ from the SIGTERM stats {fin}")
+    });
+    case.done();
+}
+
+/// Device reset inside one QEMU process (guest `reboot -f`, same vhost-user
+/// connection) and a fresh QEMU process (new connection) on the same daemon:
+/// both see the data the first boot wrote.
+#[test]
+fn guest_reboot_and_second_boot_same_daemon() {
+    let case = Case::new("reboot");
+    let (image, sock) = (case.dir.join("disk.raw"), case.dir.join("vqblk.sock"));
+    let serial = "VQBLK-E2E-REBOOT";
+    let seed = 3;
+    let mut d = Daemon::start(
+        &case,
+        "vqblk",
+        &DaemonOpts {
+            image: &image,
+            socket: &sock,
+            queues: 4,
+            iothreads: 2,
+            serial,
+            create: true,
+            read_only: false,
+        },
+    );
+    let dlog = case.dir.join("vqblk.log");
+
+    // QEMU 1: rw, then reboot -f (device reset), then boot 2 reads it back.
+    let mut o = GuestOpts::new(
+        4,
+        4,
+        &format!("{} vqblk.reboot=1", rw_append(serial, 4, 1024, seed, false)),
+    );
+    o.allow_reboot = true;
+    let r = Guest::spawn(&case, "guest1", &sock, &o).expect_ok(&case);
+    case.check(r["boot"] == 2 && r["rebooted"] == true, || {
+        format!("guest did not report boot 2 after the reboot: {r}")
+    });
+    check_facts(&case, &r, 4, CAPACITY_SECTORS, serial, false);
+    check_writers(&case, &r, 4);
+    case.check(
+        count_in(
+            &case.dir.join("guest1-serial.log"),
+            "reboot: Restarting system",
+        ) == 1,
+        || "the guest kernel did not reboot exactly once".into(),
+    );
+    // The reset happened inside one vhost-user connection.
+    let conns = count_in(&dlog, "frontend connected");
+    case.check(conns == 1, || {
+        format!("expected 1 vhost-user connection for both boots of QEMU 1, saw {conns}")
+    });
+
+    // QEMU 2: a fresh process (new connection, fresh device): read-verify only.
+    // smp 2 with num-queues 4: the guest driver uses min(4, CPUs) = 2 queues.
+    let append = format!(
+        "vqblk.mode=read-verify vqblk.writers=4 vqblk.region_kib=1024 vqblk.seed={seed} \
+         vqblk.queues=4 vqblk.serial={serial} vqblk.capacity_sectors={CAPACITY_SECTORS}"
+    );
+    let r = Guest::spawn(&case, "guest2", &sock, &GuestOpts::new(2, 4, &append)).expect_ok(&case);
+    check_facts(&case, &r, 2, CAPACITY_SECTORS, serial, false);
+    check_writers(&case, &r, 4);
+    case.check(count_in(&dlog, "frontend connected") == 2, || {
+        "expected a second vhost-user connection for QEMU 2".into()
+    });
+    case.check(d.alive(), || "vqblk died".into());
+
+    let fin = d.term(&case);
+    print_stats("final", &fin);
+    check_image(&case, &image, 4, 1024, seed, false);
+    case.check(total(&fin, "errors") == 0, || format!("errors: {fin}"));
+    case.done();
+}
+
+/// QEMU killed with SIGKILL while the guest's writes are in flight: the daemon
+/// notices the dead frontend, drains, and serves the next QEMU a full rw run.
+#[test]
+fn qemu_killed_dash_nine_daemon_serves_next() {
+    let case = Case::new("qemu-kill9");
+    let (image, sock) = (case.dir.join("disk.raw"), case.dir.join("vqblk.sock"));
+    let serial = "VQBLK-E2E-KILL9";
+    let mut d = Daemon::start(
+        &case,
+        "vqblk",
+        &DaemonOpts {
+            image: &image,
+            socket: &sock,
+            queues: 4,
+            iothreads: 2,
+            serial,
+            create: true,
+            read_only: false,
+        },
+    );
+    // 4 writers x 4 MiB: the write phase lasts seconds under TCG.
+    // Requests, not bytes: every guest write / read-back is one 64 KiB dd chunk.
+    let all = 4 * 4096 / 64;
+    let mut g = Guest::spawn(
+        &case,
+        "guest1",
+        &sock,
+        &GuestOpts::new(4, 4, &rw_append(serial, 4, 4096, 0, false)),
+    );
+    let at_kill = poll_stats(
+        &case,
+        &mut d,
+        "the guest's first writes",
+        Duration::from_secs(180),
+        |s| total(s, "writes") > 0,
+    );
+    case.check(g.running(), || "guest1 exited before it was killed".into());
+    g.kill_qemu(&case);
+    let written = total(&at_kill, "writes");
+    eprintln!("[e2e]   QEMU killed with {written} of {all} 64 KiB writes done");
+    case.check(written < all, || {
+        format!("the writes had all completed ({written}) before the kill")
+    });
+    let o = g.wait();
+    case.check(o.code == 2 && o.result.is_none(), || {
+        format!(
+            "killed guest: run-guest exit {} (expected 2, no result)",
+            o.code
+        )
+    });
+
+    // The daemon survives and goes back to accept().
+    let t = Instant::now();
+    while count_in(&case.dir.join("vqblk.log"), "frontend disconnected") < 1 {
+        case.check(t.elapsed() < Duration::from_secs(60), || {
+            "vqblk never noticed that QEMU died".into()
+        });
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    case.check(d.alive(), || "vqblk died with QEMU".into());
+
+    let r = Guest::spawn(
+        &case,
+        "guest2",
+        &sock,
+        &GuestOpts::new(4, 4, &rw_append(serial, 4, 1024, 1, true)),
+    )
+    .expect_ok(&case);
+    check_facts(&case, &r, 4, CAPACITY_SECTORS, serial, false);
+    check_writers(&case, &r, 4);
+    case.check(r["discard"]["reads_zero"] == true, || {
+        format!("discard: {}", r["discard"])
+    });
+    let fin = d.term(&case);
+    print_stats("final", &fin);
+    check_image(&case, &image, 4, 1024, 1, true);
+    case.done();
+}
+
+/// The daemon goes away under a running guest twice, QEMU (chardev
+/// reconnect-ms=500) reconnects to its successor each time, and the guest's
+/// rw run finishes with every byte right:
+///  1. SIGTERM during the write phase (clean: the daemon drains first);
+///  2. SIGKILL during the read-back phase (nothing drained; QEMU resubmits
+///     from the used index, see docs/qemu.md "Reconnection").
+#[test]
+fn daemon_restart_with_reconnect() {
+    let case = Case::new("reconnect");
+    let (image, sock) = (case.dir.join("disk.raw"), case.dir.join("vqblk.sock"));
+    let serial = "VQBLK-E2E-RECONNECT";
+    let seed = 5;
+    let opts = |create| DaemonOpts {
+        image: &image,
+        socket: &sock,
+        queues: 4,
+        iothreads: 2,
+        serial,
+        create,
+        read_only: false,
+    };
+    let mut a = Daemon::start(&case, "vqblk-a", &opts(true));
+    // Requests, not bytes: every guest write / read-back is one 64 KiB dd chunk.
+    let all = 4 * 4096 / 64;
+    let mut o = GuestOpts::new(4, 4, &rw_append(serial, 4, 4096, seed, false));
+    o.reconnect_ms = Some(500);
+    let g = Guest::spawn(&case, "guest", &sock, &o);
+
+    // 1. SIGTERM in the middle of the writes.
+    poll_stats(
+        &case,
+        &mut a,
+        "the guest's first writes",
+        Duration::from_secs(180),
+        |s| total(s, "writes") > 0,
+    );
+    let t = Instant::now();
+    let fa = a.term(&case);
+    let wa = total(&fa, "writes");
+    eprintln!(
+        "[e2e]   vqblk-a stopped (SIGTERM) in {:.2}s after {wa} of {all} 64 KiB writes",
+        t.elapsed().as_secs_f64()
+    );
+    case.check(wa < all, || {
+        format!("the writes had all completed ({wa}) before the SIGTERM")
+    });
+    let mut b = Daemon::start(&case, "vqblk-b", &opts(false));
+
+    // 2. SIGKILL once the read-back has started on the second daemon.
+    let sb = poll_stats(
+        &case,
+        &mut b,
+        "the guest's read-back",
+        Duration::from_secs(180),
+        |s| total(s, "reads") > 0,
+    );
+    let (wb, rb) = (total(&sb, "writes"), total(&sb, "reads"));
+    case.check(wb > 0, || {
+        "no writes reached vqblk-b: the guest did not resume writing after the reconnection".into()
+    });
+    b.kill9(&case);
+    eprintln!("[e2e]   vqblk-b had served {wb} writes and {rb} reads when killed");
+    case.check(rb < all, || {
+        format!("the read-back had completed ({rb} reads) before the SIGKILL")
+    });
+    let mut c = Daemon::start(&case, "vqblk-c", &opts(false));
+
+    let r = g.expect_ok(&case);
+    check_facts(&case, &r, 4, CAPACITY_SECTORS, serial, false);
+    check_writers(&case, &r, 4);
+    case.check(c.alive(), || "vqblk-c died".into());
+    let fc = c.term(&case);
+    print_stats("vqblk-c final", &fc);
+    case.check(total(&fc, "reads") > 0, || {
+        "no reads reached vqblk-c: the guest did not resume after the second reconnection".into()
+    });
+    for (tag, log) in [("vqblk-b", "vqblk-b.log"), ("vqblk-c", "vqblk-c.log")] {
+        case.check(
+            count_in(&case.dir.join(log), "frontend connected") == 1,
+            || format!("QEMU did not reconnect to {tag}"),
+        );
+    }
+    check_image(&case, &image, 4, 4096, seed, false);
+    case.done();
+}
+
+/// `--read-only`: the guest sees a read-only disk whose reads are right, its
+/// writes fail, and the image is byte-identical afterwards.
+#[test]
+fn guest_read_only_export() {
+    let case = Case::new("ro");
+    let (image, sock) = (case.dir.join("disk.raw"), case.dir.join("vqblk.sock"));
+    let serial = "VQBLK-E2E-RO";
+    let (seed, region) = (7u64, MIB);
+    // A 64 MiB image holding the guest's pattern for 2 writers (so the guest can
+    // verify what it reads) and a recognisable tail.
+    let size = 64 * MIB;
+    let mut img = vec![0u8; size as usize];
+    for w in 0..2u64 {
+        let off = w * 2 * region;
+        for k in 0..region / 512 {
+            let lba = off / 512 + k;
+            let s = (lba * 512) as usize;
+            img[s..s + 512].copy_from_slice(&pattern_sector(w, lba, seed));
+        }
+    }
+    for (i, b) in img[(size - MIB) as usize..].iter_mut().enumerate() {
+        *b = (i % 251) as u8;
+    }
+    fs::write(&image, &img).unwrap();
+    let before_mtime = fs::metadata(&image).unwrap().modified().unwrap();
+
+    let mut d = Daemon::start(
+        &case,
+        "vqblk",
+        &DaemonOpts {
+            image: &image,
+            socket: &sock,
+            queues: 2,
+            iothreads: 2,
+            serial,
+            create: false,
+            read_only: true,
+        },
+    );
+    let append = format!(
+        "vqblk.mode=ro vqblk.verify=1 vqblk.writers=2 vqblk.region_kib=1024 vqblk.seed={seed} \
+         vqblk.queues=2 vqblk.serial={serial} vqblk.capacity_sectors={} \
+         vqblk.logical_block_size=512",
+        size / 512
+    );
+    let r = Guest::spawn(&case, "guest", &sock, &GuestOpts::new(2, 2, &append)).expect_ok(&case);
+    check_facts(&case, &r, 2, size / 512, serial, true);
+    case.check(r["write_blocked"] == true && r["read_ok"] == true, || {
+        format!("ro checks: {r}")
+    });
+    check_writers(&case, &r, 2);
+    case.check(d.alive(), || "vqblk died".into());
+    let fin = d.term(&case);
+    print_stats("final", &fin);
+    case.check(total(&fin, "reads") > 0, || {
+        format!("no reads served: {fin}")
+    });
+    case.check(
+        total(&fin, "writes") == 0 && total(&fin, "bytes_written") == 0,
+        || format!("writes reached the read-only export: {fin}"),
+    );
+
+    let after = fs::read(&image).unwrap();
+    case.check(after.len() == img.len(), || {
+        format!("image size changed: {} -> {}", img.len(), after.len())
+    });
+    if let Some(at) = img.iter().zip(&after).position(|(a, b)| a != b) {
+        case.fail(format!("the read-only image changed at byte {at}"));
+    }
+    case.check(
+        fs::metadata(&image).unwrap().modified().unwrap() == before_mtime,
+        || "the read-only image's mtime changed".into(),
+    );
+    eprintln!("[e2e]   image byte-identical after the read-only run ({size} bytes)");
+    case.done();
+}
