@@ -264,11 +264,9 @@ pub trait Engine {
     fn commit(&mut self) -> io::Result<()>;
     /// Appends finished operations to `out`.
     fn reap(&mut self, out: &mut Vec<Completion>);
-    /// An fd that becomes readable when completions are ready (None: they are
-    /// ready at once, after `submit`).
+    /// An eventfd signalled when completions are ready (None: they are ready at
+    /// once, after `submit`). Watch it edge-triggered: it is never read back.
     fn notify_fd(&self) -> Option<RawFd>;
-    /// Consumes the readiness of `notify_fd` (called when epoll reported it).
-    fn clear_notify(&self) {}
     /// Whether completions are waiting to be reaped (cheap: used while polling).
     fn has_completions(&mut self) -> bool;
 }

@@ -100,10 +100,6 @@ impl Engine for PoolEngine {
     fn notify_fd(&self) -> Option<RawFd> {
         Some(self.done.efd.as_raw_fd())
     }
-
-    fn clear_notify(&self) {
-        let _ = self.done.efd.read();
-    }
 }
 
 impl Drop for PoolEngine {

@@ -96,8 +96,4 @@ impl Engine for UringEngine {
     fn notify_fd(&self) -> Option<RawFd> {
         Some(self.efd.as_raw_fd())
     }
-
-    fn clear_notify(&self) {
-        let _ = self.efd.read();
-    }
 }
