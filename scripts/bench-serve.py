@@ -12,6 +12,7 @@ ratios the targets are stated in. Figures, not a pass/fail test.
 Usage: scripts/bench-serve.py [--runtime 10] [--repeats 3] [--out results.json]
 """
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -32,30 +33,41 @@ def main():
     work = a.dir or tempfile.mkdtemp(prefix="bench-serve-", dir=os.path.join(ROOT, "target"))
     image = os.path.join(work, "bench.raw")
     make_image(image)
-    results = []
+    servers = [
+        ("vqblk", lambda b, i, s: start_vqblk(b, i, s)),
+        ("vqblk --poll off", lambda b, i, s: start_vqblk(b, i, s, extra=["--poll", "off"])),
+        ("qemu-storage-daemon", start_qsd),
+    ]
+    runs = {}
     for backend in ["null", "file"]:
-        for server, start in [("vqblk", start_vqblk), ("qemu-storage-daemon", start_qsd)]:
-            sock = os.path.join(work, f"{server}-{backend}.sock")
-            if os.path.exists(sock):
-                os.unlink(sock)
-            proc = start(backend, image, sock)
-            try:
-                wait_socket(sock, proc)
+        # All servers of a backend run at once (idle ones use no CPU), and the
+        # runs are interleaved, so drifting host or storage speed hits every
+        # server alike; the native baseline is interleaved too.
+        procs = {}
+        try:
+            for server, start in servers:
+                sock = os.path.join(work, f"{server.replace(' ', '_')}-{backend}.sock")
+                if os.path.exists(sock):
+                    os.unlink(sock)
+                procs[server] = (start(backend, image, sock), sock)
+                wait_socket(sock, procs[server][0])
+            targets = [(name, f"unix:{sock}", p.pid) for name, (p, sock) in procs.items()]
+            if backend == "file":
+                targets.append(("native io_uring", f"file:{image}", None))
+            for rep in range(a.repeats):
                 for depth in [1, 16]:
-                    runs = [run_bench(f"unix:{sock}", depth, a.runtime, proc.pid) for _ in range(a.repeats)]
-                    m = median_of(runs)
-                    results.append({"server": server, "backend": backend, "iodepth": depth, **m, "runs": runs})
-                    print(f"{server:20} {backend:5} qd{depth:<3} {m['iops']:10.0f} IOPS  p50 {m['p50_us']:7.1f} us"
-                          f"  p99 {m['p99_us']:7.1f} us  server CPU {m['server_cpu_us_per_io']:6.2f} us/IO",
-                          flush=True)
-            finally:
-                stop(proc)
-    for depth in [1, 16]:
-        runs = [run_bench(f"file:{image}", depth, a.runtime) for _ in range(a.repeats)]
-        m = median_of(runs)
-        results.append({"server": "native io_uring", "backend": "file", "iodepth": depth, **m, "runs": runs})
-        print(f"{'native io_uring':20} file  qd{depth:<3} {m['iops']:10.0f} IOPS  p50 {m['p50_us']:7.1f} us"
-              f"  p99 {m['p99_us']:7.1f} us", flush=True)
+                    for name, target, pid in targets:
+                        r = run_bench(target, depth, a.runtime, pid)
+                        runs.setdefault((name, backend, depth), []).append(r)
+                        cpu = f"  server CPU {r['server_cpu_us_per_io']:6.2f} us/IO" if pid else ""
+                        print(f"[{rep + 1}/{a.repeats}] {name:20} {backend:5} qd{depth:<3} {r['iops']:10.0f} IOPS"
+                              f"  p50 {r['p50_us']:7.1f} us  p99 {r['p99_us']:8.1f} us{cpu}", flush=True)
+        finally:
+            for p, _ in procs.values():
+                stop(p)
+    results = []
+    for (name, backend, depth), rs in runs.items():
+        results.append({"server": name, "backend": backend, "iodepth": depth, **median_of(rs), "runs": rs})
 
     def get(server, backend, depth, key):
         for r in results:
@@ -74,8 +86,13 @@ def main():
         "null qd16 IOPS vqblk/qsd (target >= 1.3)": get("vqblk", "null", 16, "iops") / get(q, "null", 16, "iops"),
         "null qd1 server CPU per I/O vqblk/qsd (target <= 0.7)":
             get("vqblk", "null", 1, "server_cpu_us_per_io") / get(q, "null", 1, "server_cpu_us_per_io"),
+        "null qd1 server CPU per I/O vqblk --poll off/qsd (target <= 0.7)":
+            get("vqblk --poll off", "null", 1, "server_cpu_us_per_io") / get(q, "null", 1, "server_cpu_us_per_io"),
+        "null qd16 IOPS vqblk --poll off/qsd": get("vqblk --poll off", "null", 16, "iops") / get(q, "null", 16, "iops"),
         "file qd16 IOPS vqblk/native (target >= 0.97)":
             get("vqblk", "file", 16, "iops") / get("native io_uring", "file", 16, "iops"),
+        "file qd16 IOPS vqblk --poll off/native":
+            get("vqblk --poll off", "file", 16, "iops") / get("native io_uring", "file", 16, "iops"),
         "file qd16 IOPS qsd/native": get(q, "file", 16, "iops") / get("native io_uring", "file", 16, "iops"),
     }
     print()

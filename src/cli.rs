@@ -146,6 +146,13 @@ impl ServeArgs {
             ..Default::default()
         };
         cfg.iothreads.count = iothreads;
+        cfg.iothreads.poll = crate::config::PollConfig {
+            poll: self.poll,
+            poll_max_ns: self.poll_max_ns,
+            poll_grow: self.poll_grow,
+            poll_shrink: self.poll_shrink,
+            poll_weight: self.poll_weight,
+        };
         for pin in &self.iothread_pin {
             let (id, cpuset) = pin
                 .split_once('=')
@@ -348,5 +355,39 @@ mod tests {
         let plans = cfg.validate().unwrap();
         assert_eq!(plans[0].map.to_string(), "0:0,4;1:1,5;2:2,6;3:3,7");
         assert_eq!(cfg.iothreads.threads[0].cpuset.as_deref(), Some("0-1"));
+        let t = T::try_parse_from(["serve", "--image", "/i", "--socket", "/s", "--poll", "off"])
+            .unwrap();
+        assert_eq!(
+            t.a.to_config().unwrap().0.iothreads.poll_for(0).0,
+            crate::poll::PollMode::Off
+        );
+        let t = T::try_parse_from([
+            "serve",
+            "--image",
+            "/i",
+            "--socket",
+            "/s",
+            "--poll-weight",
+            "0",
+        ])
+        .unwrap();
+        assert_eq!(
+            t.a.to_config().unwrap().0.iothreads.poll_for(0).0,
+            crate::poll::PollMode::Classic
+        );
+        let t = T::try_parse_from([
+            "serve",
+            "--image",
+            "/i",
+            "--socket",
+            "/s",
+            "--poll",
+            "weighted",
+            "--poll-weight",
+            "2",
+        ])
+        .unwrap();
+        let (m, p) = t.a.to_config().unwrap().0.iothreads.poll_for(0);
+        assert_eq!((m, p.poll_weight), (crate::poll::PollMode::Weighted, 2));
     }
 }

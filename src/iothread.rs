@@ -179,6 +179,7 @@ impl IoThreadHandle {
                     stopping: false,
                     completions: Vec::new(),
                     pending: thread_pending,
+                    poll_mems: Vec::new(),
                     policy: PollPolicy::new(poll_mode, poll_params, 1),
                 };
                 // SAFETY: gettid has no preconditions.
@@ -367,6 +368,8 @@ struct IoThread {
     stopping: bool,
     completions: Vec<Completion>,
     pending: Arc<AtomicBool>,
+    /// Scratch list of (slot, memory snapshot) for a polling slice.
+    poll_mems: Vec<(usize, Arc<GuestMem>)>,
     /// Source 0 is the backends' completions, source 1 + i is queue slot i.
     policy: PollPolicy,
 }
@@ -464,36 +467,47 @@ impl IoThread {
         ready: &mut Vec<usize>,
         completed: &mut bool,
     ) -> bool {
+        // One snapshot of each ring's memory for the whole polling slice: the
+        // map is replaced only by the control plane, and an old snapshot
+        // still maps the same guest pages.
+        let mut mems = std::mem::take(&mut self.poll_mems);
+        mems.clear();
+        for (slot, q) in self.queues.iter_mut().enumerate() {
+            let Some(q) = q.as_mut().filter(|q| q.active()) else {
+                continue;
+            };
+            let mem = q.mem.memory().into_inner();
+            if q.notify {
+                // Polling: the guest need not kick (EVENT_IDX: avail_event
+                // stays behind; otherwise VRING_USED_F_NO_NOTIFY).
+                let _ = q.queue.disable_notification(&*mem);
+                q.notify = false;
+            }
+            mems.push((slot, mem));
+        }
         let mut spins = 0u32;
-        loop {
-            for (slot, q) in self.queues.iter_mut().enumerate() {
-                let Some(q) = q.as_mut().filter(|q| q.active()) else {
-                    continue;
-                };
-                if q.notify {
-                    // Polling: the guest need not kick (EVENT_IDX: avail_event
-                    // stays behind; otherwise VRING_USED_F_NO_NOTIFY).
-                    let mem = q.mem.memory();
-                    let _ = q.queue.disable_notification(&*mem);
-                    q.notify = false;
-                }
-                if has_avail(q) {
-                    ready.push(slot);
+        let found = loop {
+            for (slot, mem) in &mems {
+                let q = self.queues[*slot].as_ref().unwrap();
+                if has_avail(q, mem) {
+                    ready.push(*slot);
                 }
             }
             if self.engines.has_completions() {
                 *completed = true;
             }
             if !ready.is_empty() || *completed || self.pending.load(Ordering::Acquire) {
-                return true;
+                break true;
             }
             spins = spins.wrapping_add(1);
             // Reading the clock costs ~20 ns; look at it every few passes.
             if spins % 8 == 0 && t0.elapsed().as_nanos() >= window as u128 {
-                return false;
+                break false;
             }
             std::hint::spin_loop();
-        }
+        };
+        self.poll_mems = mems;
+        found
     }
 
     /// Re-enables notifications on every ring that has them off; a ring that
@@ -1183,10 +1197,9 @@ fn advance(iov: &mut Vec<libc::iovec>, mut n: usize) {
 }
 
 /// Whether the guest made requests available that we have not popped yet.
-fn has_avail(q: &QueueSlot) -> bool {
-    let mem = q.mem.memory();
+fn has_avail(q: &QueueSlot, mem: &GuestMem) -> bool {
     q.queue
-        .avail_idx(&*mem, Ordering::Acquire)
+        .avail_idx(mem, Ordering::Acquire)
         .is_ok_and(|idx| idx.0 != q.queue.next_avail())
 }
 
