@@ -74,21 +74,9 @@ pub struct IoThreadConfig {
     /// like libvirt's `<iothreadpin cpuset=...>`.
     #[serde(default)]
     pub cpuset: Option<String>,
-    /// Polling algorithm: off, classic, weighted, busy or adaptive.
-    #[serde(default)]
-    pub poll: Option<PollMode>,
-    /// Longest polling window, ns (QEMU `poll-max-ns`, default 32768; 0 = never poll).
-    #[serde(default)]
-    pub poll_max_ns: Option<u64>,
-    /// Window growth factor (QEMU `poll-grow`; 0 = x2).
-    #[serde(default)]
-    pub poll_grow: Option<u64>,
-    /// Window shrink divisor (QEMU `poll-shrink`; 0 = reset to 0).
-    #[serde(default)]
-    pub poll_shrink: Option<u64>,
-    /// EWMA weight of the weighted algorithm (QEMU `poll-weight`; 0 = classic).
-    #[serde(default)]
-    pub poll_weight: Option<u32>,
+    /// Polling settings of this thread (unset ones come from `[iothreads]`).
+    #[serde(flatten)]
+    pub poll: PollConfig,
 }
 
 /// The `[iothreads]` table.
@@ -188,13 +176,7 @@ impl IoThreadsConfig {
 
 impl IoThreadConfig {
     fn poll_config(&self) -> PollConfig {
-        PollConfig {
-            poll: self.poll,
-            poll_max_ns: self.poll_max_ns,
-            poll_grow: self.poll_grow,
-            poll_shrink: self.poll_shrink,
-            poll_weight: self.poll_weight,
-        }
+        self.poll.clone()
     }
 }
 
