@@ -12,6 +12,7 @@
 #   * cpio                        - to pack the initramfs
 #   * util-linux                  - host-side blkdiscard
 #   * kmod                        - depmod, to generate modules.dep for the extracted kernel
+#   * chromium                    - headless, renders `vqblk report`'s HTML in a test
 #   * a Debian kernel (linux-image-amd64's current dependency), EXTRACTED into a
 #     cache dir, NOT installed: `apt-get download` + `dpkg-deb -x` gives us
 #     vmlinuz + modules without touching /boot, running initramfs/bootloader hooks
@@ -120,6 +121,8 @@ command -v blkdiscard >/dev/null 2>&1 || need_pkgs+=(util-linux)
 command -v dpkg-deb >/dev/null 2>&1 || need_pkgs+=(dpkg)
 # depmod: Debian's kernel .deb does not ship modules.dep (its postinst generates it).
 command -v depmod >/dev/null 2>&1 || need_pkgs+=(kmod)
+# Headless browser for the HTML report test (crates/study/tests/html_chromium.rs).
+[ -x /usr/bin/chromium ] || need_pkgs+=(chromium)
 
 need_qemu=0
 [ "$(qemu_major)" -ge 10 ] || need_qemu=1
@@ -137,7 +140,7 @@ if [ "${#need_pkgs[@]}" -gt 0 ]; then
     apt_install "${need_pkgs[@]}"
     did+=("installed ${need_pkgs[*]}")
 else
-    log "gcc, busybox-static, cpio, blkdiscard, depmod: already present"
+    log "gcc, busybox-static, cpio, blkdiscard, depmod, chromium: already present"
 fi
 
 # ---------------------------------------------------------------- QEMU 10

@@ -1,0 +1,415 @@
+//! `vqblk recommend`: one IOThread count for the workloads that matter, with the
+//! reasoning per cell, and configuration snippets to paste (vqblk, libvirt, QEMU,
+//! KubeVirt).
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use anyhow::bail;
+use clap::Args;
+
+use crate::matrix::{size_label, Cell, Op, Setup};
+use crate::merit::{decide, CellMerit, Decision, Options};
+use crate::report::{fmt_mb, load, Study};
+
+/// Options of `vqblk recommend`.
+#[derive(Debug, Clone, Args)]
+pub struct RecommendArgs {
+    /// Results file written by `vqblk sweep`.
+    #[arg(value_name = "RESULTS")]
+    pub results: PathBuf,
+    /// The workloads that matter: operations (read, write, randread, randwrite),
+    /// `oltp` (random reads and writes of 32k or less), `streaming` (sequential,
+    /// 1m or more) or `all`; comma-separated.
+    #[arg(long, default_value = "all")]
+    pub workload: String,
+    /// Fraction of each cell's best throughput that is good enough.
+    #[arg(long, default_value_t = 0.9)]
+    pub threshold: f64,
+    /// Repeats whose relative range exceeds this are flagged noisy.
+    #[arg(long, default_value_t = 0.10)]
+    pub noise: f64,
+    /// Virtqueues in the snippets (default: the sweep's).
+    #[arg(long)]
+    pub queues: Option<u32>,
+}
+
+/// A selection of cells by workload.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Workload {
+    /// As given.
+    pub name: String,
+    parts: Vec<Part>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Part {
+    All,
+    Op(Op),
+    Oltp,
+    Streaming,
+}
+
+impl Workload {
+    /// Parses `randread,randwrite`, `oltp`, `streaming`, `all`.
+    pub fn parse(s: &str) -> anyhow::Result<Workload> {
+        let mut parts = Vec::new();
+        for w in s.split(',').map(str::trim).filter(|w| !w.is_empty()) {
+            parts.push(match w {
+                "all" => Part::All,
+                "oltp" => Part::Oltp,
+                "streaming" => Part::Streaming,
+                op => match op.parse::<Op>() {
+                    Ok(o) => Part::Op(o),
+                    Err(_) => bail!(
+                        "--workload: {w:?} is not read, write, randread, randwrite, oltp, streaming or all"
+                    ),
+                },
+            });
+        }
+        if parts.is_empty() {
+            bail!("--workload: empty");
+        }
+        Ok(Workload {
+            name: s.to_string(),
+            parts,
+        })
+    }
+
+    /// Whether a cell belongs to the workload.
+    pub fn matches(&self, c: &Cell) -> bool {
+        self.parts.iter().any(|p| match p {
+            Part::All => true,
+            Part::Op(o) => c.op == *o,
+            Part::Oltp => matches!(c.op, Op::Randread | Op::Randwrite) && c.bs <= 32 * 1024,
+            Part::Streaming => matches!(c.op, Op::Read | Op::Write) && c.bs >= 1 << 20,
+        })
+    }
+
+    /// In words.
+    pub fn describe(&self) -> String {
+        let words: Vec<String> = self
+            .parts
+            .iter()
+            .map(|p| match p {
+                Part::All => "every cell".into(),
+                Part::Op(o) => o.to_string(),
+                Part::Oltp => "oltp (randread and randwrite, 32k or less)".into(),
+                Part::Streaming => "streaming (read and write, 1m or more)".into(),
+            })
+            .collect();
+        words.join(" + ")
+    }
+}
+
+/// The reasoning: a table of the selected cells and of the candidate counts.
+pub fn reasoning(
+    study: &Study,
+    cells: &[(Cell, &CellMerit)],
+    d: &Decision,
+    threshold: f64,
+) -> String {
+    let mut o = String::new();
+    let setups = study.setups();
+    let name = |s: &Setup| match s {
+        Setup::Native => "native".to_string(),
+        Setup::Baseline => "0".to_string(),
+        Setup::IoThreads(k) => k.to_string(),
+    };
+    let _ = writeln!(
+        o,
+        "Per cell: MB/s per column (0 = baseline); * = reaches {:.0}% of the cell's best; fewest = fewest IOThreads that do.",
+        threshold * 100.0
+    );
+    let _ = write!(o, "{:<34}", "cell");
+    for s in &setups {
+        let _ = write!(o, "{:>9}", name(s));
+    }
+    let _ = writeln!(o, "{:>9}{:>8}", "best", "fewest");
+    for (c, m) in cells {
+        let _ = write!(o, "{:<34}", c.to_string());
+        for s in &setups {
+            let v = match (m.mean(*s), m.best) {
+                (Some(v), Some(b)) if *s != Setup::Native && v >= threshold * b * (1.0 - 1e-9) => {
+                    format!("{}*", fmt_mb(v))
+                }
+                (Some(v), _) => fmt_mb(v),
+                (None, _) => "n/a".into(),
+            };
+            let _ = write!(o, "{v:>9}");
+        }
+        let best = m.best.map(fmt_mb).unwrap_or_else(|| "n/a".into());
+        let fewest = m
+            .min_iothreads
+            .map(|k| k.to_string())
+            .unwrap_or_else(|| "n/a".into());
+        let noisy = if m.is_noisy() { "  (noisy)" } else { "" };
+        let _ = writeln!(o, "{best:>9}{fewest:>8}{noisy}");
+    }
+    let _ = writeln!(
+        o,
+        "\nPer IOThread count: the worst selected cell, as a fraction of its own best."
+    );
+    for c in &d.candidates {
+        let label = if c.count == 0 {
+            "0 (baseline)".to_string()
+        } else {
+            c.count.to_string()
+        };
+        let partial = if c.covered < d.cells {
+            format!(
+                "  [measured for {} of {} cells: not eligible]",
+                c.covered, d.cells
+            )
+        } else {
+            String::new()
+        };
+        let _ = writeln!(
+            o,
+            "  {label:<13} worst {:>4.0}% ({})  mean {:>4.0}%{partial}",
+            c.worst * 100.0,
+            c.worst_cell,
+            c.mean * 100.0
+        );
+    }
+    o
+}
+
+/// The snippets for `k` IOThreads (0 = the baseline suffices) and `queues` queues.
+pub fn snippets(k: u32, queues: u32, nproc: u32) -> String {
+    let kk = k.max(1);
+    let queues = queues.max(kk);
+    let mut o = String::new();
+    let note = if k == 0 {
+        "# The baseline (one IOThread, no polling) was as good as more IOThreads.\n"
+    } else {
+        ""
+    };
+    let poll = if k == 0 { " --poll off" } else { "" };
+    let _ = writeln!(o, "--- vqblk serve (flags)\n{note}vqblk serve --image /var/lib/vqblk/disk.raw --socket /run/vqblk/disk.sock --queues {queues} --iothreads {kk}{poll}\n");
+    let _ = writeln!(
+        o,
+        "--- vqblk serve --config vqblk.toml\n{note}[iothreads]\ncount = {kk}"
+    );
+    if k == 0 {
+        let _ = writeln!(o, "poll = \"off\"");
+    }
+    let _ = writeln!(
+        o,
+        "\n[[export]]\nname = \"disk\"\nimage = \"/var/lib/vqblk/disk.raw\"\nsocket = \"/run/vqblk/disk.sock\"\nqueues = {queues}\n"
+    );
+    let _ = writeln!(
+        o,
+        "--- attach the vqblk socket (QEMU)\n-object memory-backend-memfd,id=mem,size=4G,share=on -M q35,memory-backend=mem \\\n  \
+         -chardev socket,id=c0,path=/run/vqblk/disk.sock,reconnect-ms=1000 \\\n  -device vhost-user-blk-pci,chardev=c0,num-queues={queues}\n"
+    );
+    let _ = writeln!(
+        o,
+        "--- attach the vqblk socket (libvirt)\n<memoryBacking><source type='memfd'/><access mode='shared'/></memoryBacking>\n\
+         <disk type='vhostuser' device='disk'>\n  <driver name='qemu' type='raw' queues='{queues}'/>\n  \
+         <source type='unix' path='/run/vqblk/disk.sock'><reconnect enabled='yes' timeout='10'/></source>\n  \
+         <target dev='vdb' bus='virtio'/>\n</disk>\n"
+    );
+    let _ = writeln!(
+        o,
+        "--- or QEMU's own virtio-blk with the same count: libvirt domain XML"
+    );
+    if k == 0 {
+        let _ = writeln!(
+            o,
+            "<!-- The baseline sufficed: one IOThread is plenty (or none at all). -->"
+        );
+    }
+    let _ = writeln!(o, "<iothreads>{kk}</iothreads>\n<iothreadids>");
+    for i in 1..=kk {
+        let _ = writeln!(o, "  <iothread id='{i}'/>");
+    }
+    let _ = writeln!(
+        o,
+        "</iothreadids>\n<cputune>\n  <!-- pin IOThreads to host CPUs that do not run vCPUs -->"
+    );
+    for i in 1..=kk {
+        let _ = writeln!(
+            o,
+            "  <iothreadpin iothread='{i}' cpuset='{}'/>",
+            (i - 1) % nproc.max(1)
+        );
+    }
+    let _ = writeln!(
+        o,
+        "</cputune>\n<disk type='file' device='disk'>\n  <driver name='qemu' type='raw' cache='none' io='native' queues='{queues}'>\n    <iothreads>"
+    );
+    for i in 1..=kk {
+        let _ = writeln!(o, "      <iothread id='{i}'/>");
+    }
+    let _ = writeln!(
+        o,
+        "    </iothreads>\n  </driver>\n  <source file='/var/lib/libvirt/images/disk.raw'/>\n  <target dev='vda' bus='virtio'/>\n</disk>\n"
+    );
+    let objects: Vec<String> = (0..kk)
+        .map(|i| format!("-object iothread,id=iot{i}"))
+        .collect();
+    let mapping: Vec<String> = (0..kk)
+        .map(|i| format!("{{\"iothread\":\"iot{i}\"}}"))
+        .collect();
+    let _ = writeln!(
+        o,
+        "--- QEMU command line (virtio-blk, iothread-vq-mapping: queues round-robin over the IOThreads)\n{} \\\n  \
+         -blockdev '{{\"driver\":\"file\",\"filename\":\"/var/lib/images/disk.raw\",\"node-name\":\"d0\",\"cache\":{{\"direct\":true}},\"aio\":\"native\"}}' \\\n  \
+         -device '{{\"driver\":\"virtio-blk-pci\",\"drive\":\"d0\",\"num-queues\":{queues},\"iothread-vq-mapping\":[{}]}}'\n",
+        objects.join(" "),
+        mapping.join(",")
+    );
+    let _ = writeln!(
+        o,
+        "--- KubeVirt VirtualMachine (spec.template.spec)\ndomain:\n  ioThreadsPolicy: supplementalPool\n  ioThreads:\n    supplementalPoolThreadCount: {kk}\n  \
+         devices:\n    blockMultiQueue: true\n    disks:\n    - name: data\n      disk:\n        bus: virtio"
+    );
+    o
+}
+
+/// `vqblk recommend`.
+pub fn run(args: RecommendArgs) -> anyhow::Result<i32> {
+    let study = load(
+        &args.results,
+        Options {
+            threshold: args.threshold,
+            noise: args.noise,
+        },
+    )?;
+    let w = Workload::parse(&args.workload)?;
+    let cells: Vec<(Cell, &CellMerit)> = study
+        .merits
+        .iter()
+        .filter(|(c, m)| w.matches(c) && m.best.is_some())
+        .map(|(c, m)| (*c, m))
+        .collect();
+    if cells.is_empty() {
+        bail!("--workload {}: no measured cell matches", w.name);
+    }
+    let d = decide(&cells, args.threshold);
+    let h = study.results.header();
+    let mut o = String::new();
+    let _ = writeln!(o, "vqblk recommend: {}", args.results.display());
+    if let Some(h) = h {
+        let _ = writeln!(o, "storage: {}", h.storage.describe());
+        let _ = writeln!(
+            o,
+            "host: {} CPUs, {}, kernel {}",
+            h.host.nproc, h.host.cpu_model, h.host.kernel
+        );
+    }
+    let sizes: Vec<String> = {
+        let mut s: Vec<u64> = cells.iter().map(|(c, _)| c.bs).collect();
+        s.dedup();
+        s.into_iter().map(size_label).collect()
+    };
+    let _ = writeln!(
+        o,
+        "workload: {} -> {} of {} cells (sizes {})\nthreshold: {:.0}% of each cell's best\n",
+        w.describe(),
+        cells.len(),
+        study.merits.len(),
+        sizes.join(", "),
+        args.threshold * 100.0
+    );
+    o.push_str(&reasoning(&study, &cells, &d, args.threshold));
+    let Some(k) = d.count else {
+        bail!("no IOThread count was measured for every selected cell");
+    };
+    let noisy = cells.iter().filter(|(_, m)| m.is_noisy()).count();
+    let _ = writeln!(o);
+    if d.meets_threshold {
+        let what = if k == 0 {
+            "the baseline (0 IOThreads)".to_string()
+        } else {
+            format!("{k} IOThread(s)")
+        };
+        let _ = writeln!(
+            o,
+            "Decision: {what}: the fewest with which every selected cell reaches {:.0}% of its best.",
+            args.threshold * 100.0
+        );
+    } else {
+        let c = d
+            .candidates
+            .iter()
+            .find(|c| c.count == k)
+            .expect("chosen from candidates");
+        let _ = writeln!(
+            o,
+            "Decision: {k} IOThread(s): no measured count gets every selected cell to {:.0}% of its best \
+             (throughput is not monotonic in the IOThread count here); {k} gets the worst cell closest ({:.0}%, {}).",
+            args.threshold * 100.0,
+            c.worst * 100.0,
+            c.worst_cell
+        );
+    }
+    if noisy > 0 {
+        let _ = writeln!(
+            o,
+            "Caution: {noisy} of the {} cells are noisy (repeats differ by more than {:.0}%); re-run with longer --runtime or more --repeats before relying on small differences.",
+            cells.len(),
+            args.noise * 100.0
+        );
+    }
+    let queues = args.queues.or(h.map(|h| h.queues)).unwrap_or(k.max(1));
+    let nproc = h.map(|h| h.host.nproc).unwrap_or(1);
+    let _ = writeln!(o, "\n{}", snippets(k, queues, nproc));
+    print!("{o}");
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workloads() {
+        let c = |op, bs| Cell {
+            bs,
+            op,
+            jobs: 1,
+            iodepth: 1,
+        };
+        let oltp = Workload::parse("oltp").unwrap();
+        assert!(oltp.matches(&c(Op::Randwrite, 4096)));
+        assert!(!oltp.matches(&c(Op::Randwrite, 1 << 20)));
+        assert!(!oltp.matches(&c(Op::Read, 4096)));
+        let s = Workload::parse("streaming,randread").unwrap();
+        assert!(s.matches(&c(Op::Write, 1 << 20)) && s.matches(&c(Op::Randread, 4096)));
+        assert!(!s.matches(&c(Op::Write, 4096)));
+        assert!(Workload::parse("all").unwrap().matches(&c(Op::Read, 512)));
+        assert!(format!("{:#}", Workload::parse("trim").unwrap_err()).contains("trim"));
+        assert!(Workload::parse(" , ").is_err());
+    }
+
+    #[test]
+    fn snippets_for_four_iothreads() {
+        let s = snippets(4, 8, 2);
+        assert!(s.contains("--queues 8 --iothreads 4\n"));
+        assert!(s.contains("[iothreads]\ncount = 4\n"));
+        assert!(s.contains("<iothreads>4</iothreads>"));
+        assert_eq!(s.matches("<iothreadpin ").count(), 4);
+        assert!(s.contains("<iothreadpin iothread='3' cpuset='0'/>"));
+        assert!(s.contains("<driver name='qemu' type='raw' cache='none' io='native' queues='8'>"));
+        assert!(s.contains("-object iothread,id=iot0 -object iothread,id=iot1 -object iothread,id=iot2 -object iothread,id=iot3"));
+        assert!(s.contains("\"num-queues\":8,\"iothread-vq-mapping\":[{\"iothread\":\"iot0\"},{\"iothread\":\"iot1\"},{\"iothread\":\"iot2\"},{\"iothread\":\"iot3\"}]"));
+        assert!(
+            s.contains("ioThreadsPolicy: supplementalPool")
+                && s.contains("supplementalPoolThreadCount: 4")
+        );
+        assert!(s.contains("blockMultiQueue: true"));
+        assert!(s.contains("vhost-user-blk-pci,chardev=c0,num-queues=8"));
+    }
+
+    #[test]
+    fn snippets_for_the_baseline() {
+        let s = snippets(0, 4, 2);
+        assert!(s.contains("--iothreads 1 --poll off"));
+        assert!(s.contains("poll = \"off\""));
+        assert!(s.contains("<iothreads>1</iothreads>"));
+        // More IOThreads than queues would leave threads idle: queues grow to match.
+        assert!(snippets(4, 2, 2).contains("--queues 4 --iothreads 4"));
+    }
+}
