@@ -52,25 +52,35 @@ def main():
     max_jobs = max(j for _, j, _ in cells)
     results = []
     for backend in a.backends.split(","):
-        for server in a.servers.split(","):
-            sock = os.path.join(work, f"{server}-{backend}.sock")
-            if os.path.exists(sock):
-                os.unlink(sock)
-            if server == "qsd":
-                proc = start_qsd(backend, image, sock, queues=max_jobs)
-            else:
-                proc = start_vqblk(backend, image, sock, queues=max_jobs, iothreads=1, extra=SERVERS[server])
-            try:
+        # Every server of a backend runs at once (idle ones sleep: no queue is
+        # attached between runs) and each cell is run on every server in turn,
+        # so drifting host or storage speed hits all servers of a cell alike.
+        procs = {}
+        try:
+            for server in a.servers.split(","):
+                sock = os.path.join(work, f"{server}-{backend}.sock")
+                if os.path.exists(sock):
+                    os.unlink(sock)
+                if server == "qsd":
+                    proc = start_qsd(backend, image, sock, queues=max_jobs)
+                else:
+                    proc = start_vqblk(backend, image, sock, queues=max_jobs, iothreads=1, extra=SERVERS[server])
+                procs[server] = (proc, sock)
                 wait_socket(sock, proc)
-                for rw, jobs, depth in cells:
-                    runs = [run_bench(f"unix:{sock}", depth, a.runtime, proc.pid, rw=rw, numjobs=jobs)
-                            for _ in range(a.repeats)]
-                    m = median_of(runs)
+            for rw, jobs, depth in cells:
+                runs = {server: [] for server in procs}
+                for _ in range(a.repeats):
+                    for server, (proc, sock) in procs.items():
+                        runs[server].append(run_bench(f"unix:{sock}", depth, a.runtime, proc.pid, rw=rw,
+                                                      numjobs=jobs))
+                for server, rs in runs.items():
+                    m = median_of(rs)
                     results.append({"server": server, "backend": backend, "rw": rw, "jobs": jobs,
                                     "iodepth": depth, **m})
                     print(f"{server:9} {backend:4} {rw:9} j{jobs} qd{depth:<2} {m['iops']:9.0f} IOPS"
                           f"  p99 {m['p99_us']:8.1f} us  CPU {m['server_cpu_per_s']:5.2f} s/s", flush=True)
-            finally:
+        finally:
+            for proc, _ in procs.values():
                 stop(proc)
 
     def cell(server, backend, rw, jobs, depth):

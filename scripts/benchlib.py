@@ -69,10 +69,10 @@ def start_qsd(backend, image, sock, queues=1):
     return subprocess.Popen(args, stdout=subprocess.DEVNULL)
 
 
-def run_bench(target, iodepth, runtime, server_pid=None, rw="randread", numjobs=1, bs="4k"):
+def run_bench(target, iodepth, runtime, server_pid=None, rw="randread", numjobs=1, bs="4k", extra=()):
     args = [VQBLK, "bench", "--name", "bench", "--target", target, "--rw", rw, "--bs", bs,
             "--numjobs", str(numjobs), "--iodepth", str(iodepth), "--runtime", str(runtime), "--ramp_time", "1",
-            "--time_based", "--size", "256M", "--group_reporting", "--output-format", "json"]
+            "--time_based", "--size", "256M", "--group_reporting", "--output-format", "json", *extra]
     cpu0 = proc_cpu_seconds(server_pid) if server_pid else None
     t0 = time.time()
     out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
@@ -87,6 +87,7 @@ def run_bench(target, iodepth, runtime, server_pid=None, rw="randread", numjobs=
         "p50_us": pct["50.000000"] / 1000,
         "p99_us": pct["99.000000"] / 1000,
         "total_ios": r["total_ios"],
+        "client_cpu_us_per_io": j["vqblk"].get("client_cpu_per_io_us") or 0.0,
     }
     if server_pid:
         # CPU over the whole client run (ramp included) divided by the I/Os of

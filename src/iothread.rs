@@ -41,6 +41,9 @@ pub type GuestMem = GuestMemoryMmap<()>;
 /// replaced (RCU-style) on SET_MEM_TABLE / ADD_MEM_REG / REM_MEM_REG.
 pub type GuestMemHandle = GuestMemoryAtomic<GuestMem>;
 
+/// Resubmissions of a request that failed with EAGAIN or EINTR.
+const MAX_RETRIES: u8 = 8;
+
 /// Largest number of host iovecs in one request (Linux IOV_MAX).
 const IOV_MAX: usize = 1024;
 
@@ -314,6 +317,8 @@ struct Inflight {
     /// Length of the whole request's data, bytes (`op.len` shrinks when a
     /// short transfer is resubmitted).
     len: u64,
+    /// Resubmissions after a transient error (EAGAIN, EINTR).
+    retries: u8,
     /// Bytes transferred so far (for short reads/writes).
     done: u64,
     /// Guest segments, when a bounce buffer stands in for them.
@@ -889,6 +894,7 @@ impl IoThread {
             iov,
             op,
             len,
+            retries: 0,
             done: 0,
             bounce,
         });
@@ -974,6 +980,17 @@ impl IoThread {
         if c.result < 0 {
             let errno = -c.result;
             match inf.op.kind {
+                // Transient: the kernel may hand these back under memory or
+                // queue pressure. Try again a few times before failing the request.
+                _ if (errno == libc::EAGAIN || errno == libc::EINTR) && inf.retries < MAX_RETRIES => {
+                    inf.retries += 1;
+                    self.inflight[token] = Some(inf);
+                    if self.submit_token(token, &device).is_ok() {
+                        return;
+                    }
+                    inf = self.inflight[token].take().unwrap();
+                    st = status::IOERR;
+                }
                 // Discard is advisory: a file system without hole punching ignores it.
                 IoKind::Discard if errno == libc::EOPNOTSUPP => {}
                 // No ZERO_RANGE (tmpfs): punch a hole instead, it reads back as zeroes.
