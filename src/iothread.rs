@@ -982,7 +982,9 @@ impl IoThread {
             match inf.op.kind {
                 // Transient: the kernel may hand these back under memory or
                 // queue pressure. Try again a few times before failing the request.
-                _ if (errno == libc::EAGAIN || errno == libc::EINTR) && inf.retries < MAX_RETRIES => {
+                _ if (errno == libc::EAGAIN || errno == libc::EINTR)
+                    && inf.retries < MAX_RETRIES =>
+                {
                     inf.retries += 1;
                     self.inflight[token] = Some(inf);
                     if self.submit_token(token, &device).is_ok() {

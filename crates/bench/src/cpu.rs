@@ -146,8 +146,15 @@ pub fn thread_delta(before: &[ThreadCpu], after: &[ThreadCpu]) -> Vec<ThreadCpu>
     after
         .iter()
         .map(|a| {
-            let b = before.iter().find(|b| b.tid == a.tid).map_or(Duration::ZERO, |b| b.cpu);
-            ThreadCpu { tid: a.tid, name: a.name.clone(), cpu: a.cpu.saturating_sub(b) }
+            let b = before
+                .iter()
+                .find(|b| b.tid == a.tid)
+                .map_or(Duration::ZERO, |b| b.cpu);
+            ThreadCpu {
+                tid: a.tid,
+                name: a.name.clone(),
+                cpu: a.cpu.saturating_sub(b),
+            }
         })
         .collect()
 }

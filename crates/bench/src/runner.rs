@@ -808,7 +808,10 @@ pub fn execute(
             let mut sampled = false;
             let mut client0 = cpu::process_times();
             let mut server0 = plan.server_pid.map(cpu::server_times);
-            let mut threads0 = plan.server_pid.map(cpu::server_thread_times).unwrap_or_default();
+            let mut threads0 = plan
+                .server_pid
+                .map(cpu::server_thread_times)
+                .unwrap_or_default();
             if ramp.is_zero() {
                 sampled = true;
             }
@@ -827,7 +830,10 @@ pub fn execute(
                     sampled = true;
                     client0 = cpu::process_times();
                     server0 = plan.server_pid.map(cpu::server_times);
-                    threads0 = plan.server_pid.map(cpu::server_thread_times).unwrap_or_default();
+                    threads0 = plan
+                        .server_pid
+                        .map(cpu::server_thread_times)
+                        .unwrap_or_default();
                 }
                 if progress && last_print.elapsed() >= Duration::from_millis(1000) {
                     let interval = last_print.elapsed();
@@ -845,7 +851,10 @@ pub fn execute(
             let wall = t0.elapsed().saturating_sub(ramp);
             let client1 = cpu::process_times();
             let server1 = plan.server_pid.map(cpu::server_times);
-            let threads1 = plan.server_pid.map(cpu::server_thread_times).unwrap_or_default();
+            let threads1 = plan
+                .server_pid
+                .map(cpu::server_thread_times)
+                .unwrap_or_default();
             for d in cpu::thread_delta(&threads0, &threads1) {
                 match server_threads.iter_mut().find(|t| t.tid == d.tid) {
                     Some(t) => t.cpu += d.cpu,
