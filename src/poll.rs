@@ -155,6 +155,10 @@ pub const POLL_IDLE_INTERVAL_NS: u64 = 7_000_000_000;
 /// sources plus the notification toggling costs about as much.
 pub const ADAPTIVE_MIN_POLL_NS: u64 = 1_000;
 
+/// Shortest hybrid-polling nap ([`PollPolicy::nap_ns`]): below this a timer
+/// wake-up costs about as much CPU as spinning.
+pub const MIN_NAP_NS: u64 = 5_000;
+
 /// Wake-up latency charged by [`simulate`] to an event found after sleeping.
 pub const WAKEUP_LATENCY_NS: u64 = 15_000;
 
@@ -419,6 +423,36 @@ impl PollPolicy {
     /// poll; `u64::MAX` for [`PollMode::Busy`]).
     pub fn poll_ns(&self) -> u64 {
         self.window_ns
+    }
+
+    /// Adaptive hybrid polling: how long to *sleep* (notifications armed, with a
+    /// precise timer) before spinning for the rest of the window, in ns; 0 = spin
+    /// from the start. No event is expected that early: the nap ends one wake-up
+    /// latency before the earliest likely event of any recently active source
+    /// (`mean - 2 dev`), as the kernel's blk-mq hybrid polling sleeps through
+    /// the first part of a request's expected latency. A nap shorter than
+    /// [`MIN_NAP_NS`] is not worth the timer wake-up. Every other mode spins from
+    /// the start.
+    pub fn nap_ns(&self) -> u64 {
+        if self.mode != PollMode::Adaptive || self.window_ns == 0 {
+            return 0;
+        }
+        let max = self.params.poll_max_ns;
+        let Some(lo) = self
+            .sources
+            .iter()
+            .filter(|s| s.idle_ns < max && s.ns > 0)
+            .map(|s| s.ns.saturating_sub(s.dev.saturating_mul(2)))
+            .min()
+        else {
+            return 0;
+        };
+        let nap = lo.saturating_sub(self.adaptive.wakeup_ns);
+        if nap < MIN_NAP_NS {
+            0
+        } else {
+            nap.min(self.window_ns)
+        }
     }
 
     /// The window that `source` alone asks for (classic: its own window; weighted:
@@ -1753,6 +1787,42 @@ mod tests {
                 "{}: {adaptive:?} {best:?}",
                 tr.name
             );
+        }
+    }
+
+    #[test]
+    fn adaptive_naps_only_when_events_are_predictably_late() {
+        // Steady 8 us intervals: nothing to nap through.
+        let mut p = PollPolicy::new(PollMode::Adaptive, PollParams::default(), 1);
+        for _ in 0..200 {
+            let w = p.poll_ns();
+            p.update(8_000, &[0], w >= 8_000);
+        }
+        assert!(p.poll_ns() > 0);
+        assert_eq!(p.nap_ns(), 0);
+        // Steady 30 us intervals (a device's latency): nap through the first
+        // 30 - 2 dev - 15 us, spin for the rest; the nap never exceeds the window.
+        let mut p = PollPolicy::new(PollMode::Adaptive, PollParams::default(), 1);
+        for _ in 0..200 {
+            let w = p.poll_ns();
+            p.update(30_000, &[0], w >= 30_000);
+        }
+        let (w, nap) = (p.poll_ns(), p.nap_ns());
+        assert!(w >= 30_000, "window {w}");
+        assert!((10_000..=15_000).contains(&nap), "nap {nap}");
+        assert!(nap < w);
+        // Other modes never nap.
+        for mode in [
+            PollMode::Classic,
+            PollMode::Weighted,
+            PollMode::Busy,
+            PollMode::Off,
+        ] {
+            let mut p = PollPolicy::new(mode, PollParams::default(), 1);
+            for _ in 0..50 {
+                p.update(30_000, &[0], true);
+            }
+            assert_eq!(p.nap_ns(), 0, "{mode:?}");
         }
     }
 }

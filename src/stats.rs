@@ -78,6 +78,8 @@ pub struct IoThreadStats {
     pub poll_attempts: Counter,
     /// Passes whose work was found by polling (no sleep).
     pub poll_hits: Counter,
+    /// Hybrid-polling naps (timed sleeps before spinning).
+    pub naps: Counter,
     /// Time spent busy-polling, ns.
     pub poll_ns: Counter,
     /// Time spent blocked in epoll_wait, ns.
@@ -141,6 +143,7 @@ impl IoThreadStats {
             poll_window_ns: self.poll_window_ns.get(),
             poll_attempts: self.poll_attempts.get(),
             poll_hits: self.poll_hits.get(),
+            naps: self.naps.get(),
             poll_seconds: self.poll_ns.get() as f64 / 1e9,
             sleep_seconds: self.sleep_ns.get() as f64 / 1e9,
             queues,
@@ -218,6 +221,8 @@ pub struct IoThreadSnapshot {
     pub poll_attempts: u64,
     /// Passes whose work was found by polling.
     pub poll_hits: u64,
+    /// Hybrid-polling naps.
+    pub naps: u64,
     /// Seconds spent busy-polling.
     pub poll_seconds: f64,
     /// Seconds spent blocked waiting for events.
