@@ -19,7 +19,13 @@ cargo clippy --workspace --all-targets -- -D warnings
 
 step "cargo test (unit, integration, end to end)"
 # --test-threads: the QEMU guests and daemons are heavy on a 2-core machine.
-cargo test --workspace --release -- --test-threads=2
+mkdir -p target
+cargo test --workspace --release -- --test-threads=2 2>&1 | tee target/test-output.log
 
 step "cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
+
+# One closing line over every test binary (cargo prints one result line per
+# binary, the last ones being doc-test runners with nothing to run).
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
+     END { printf "\ntests: %d passed, %d failed\n", p, f }' target/test-output.log
