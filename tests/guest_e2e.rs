@@ -204,6 +204,21 @@ struct DaemonOpts<'a> {
     read_only: bool,
 }
 
+impl<'a> DaemonOpts<'a> {
+    /// The suite's usual export: a new read-write image, 4 queues over 2 IOThreads.
+    fn rw4(image: &'a Path, socket: &'a Path, serial: &'a str) -> Self {
+        DaemonOpts {
+            image,
+            socket,
+            queues: 4,
+            iothreads: 2,
+            serial,
+            create: true,
+            read_only: false,
+        }
+    }
+}
+
 /// A `vqblk serve` child process.
 struct Daemon {
     child: Child,
@@ -663,19 +678,7 @@ fn guest_rw_four_queues_two_iothreads() {
     let case = Case::new("rw4");
     let (image, sock) = (case.dir.join("disk.raw"), case.dir.join("vqblk.sock"));
     let serial = "VQBLK-E2E-RW4";
-    let mut d = Daemon::start(
-        &case,
-        "vqblk",
-        &DaemonOpts {
-            image: &image,
-            socket: &sock,
-            queues: 4,
-            iothreads: 2,
-            serial,
-            create: true,
-            read_only: false,
-        },
-    );
+    let mut d = Daemon::start(&case, "vqblk", &DaemonOpts::rw4(&image, &sock, serial));
     let append = format!("{} vqblk.mq_queues=4", rw_append(serial, 4, 1024, 0, true));
     let r = Guest::spawn(&case, "guest", &sock, &GuestOpts::new(4, 4, &append)).expect_ok(&case);
     check_facts(&case, &r, 4, CAPACITY_SECTORS, serial, false);
@@ -745,19 +748,7 @@ fn guest_reboot_and_second_boot_same_daemon() {
     let (image, sock) = (case.dir.join("disk.raw"), case.dir.join("vqblk.sock"));
     let serial = "VQBLK-E2E-REBOOT";
     let seed = 3;
-    let mut d = Daemon::start(
-        &case,
-        "vqblk",
-        &DaemonOpts {
-            image: &image,
-            socket: &sock,
-            queues: 4,
-            iothreads: 2,
-            serial,
-            create: true,
-            read_only: false,
-        },
-    );
+    let mut d = Daemon::start(&case, "vqblk", &DaemonOpts::rw4(&image, &sock, serial));
     let dlog = case.dir.join("vqblk.log");
 
     // QEMU 1: rw, then reboot -f (device reset), then boot 2 reads it back.
@@ -814,19 +805,7 @@ fn qemu_killed_dash_nine_daemon_serves_next() {
     let case = Case::new("qemu-kill9");
     let (image, sock) = (case.dir.join("disk.raw"), case.dir.join("vqblk.sock"));
     let serial = "VQBLK-E2E-KILL9";
-    let mut d = Daemon::start(
-        &case,
-        "vqblk",
-        &DaemonOpts {
-            image: &image,
-            socket: &sock,
-            queues: 4,
-            iothreads: 2,
-            serial,
-            create: true,
-            read_only: false,
-        },
-    );
+    let mut d = Daemon::start(&case, "vqblk", &DaemonOpts::rw4(&image, &sock, serial));
     // 4 writers x 4 MiB: the write phase lasts seconds under TCG.
     // Requests, not bytes: every guest write / read-back is one 64 KiB dd chunk.
     let all = 4 * 4096 / 64;
