@@ -239,3 +239,81 @@ fn config_file_exports_share_the_pool() {
     assert_eq!(served(0), vec![("a".into(), 0), ("b".into(), 1)]);
     assert_eq!(served(1), vec![("a".into(), 1), ("b".into(), 0)]);
 }
+
+/// `vqblk bench --server-pid --server-stats` reports the run's per-IOThread
+/// counters of a vqblk server: they add up to the client's I/O count.
+#[test]
+fn bench_reports_server_iothread_counters() {
+    let dir = scratch("cli-bench-stats");
+    let sock = dir.join("d.sock");
+    let stats = dir.join("stats.json");
+    let mut child = vqblk()
+        .args([
+            "serve",
+            "--backend",
+            "null",
+            "--size",
+            "64M",
+            "--queues",
+            "2",
+            "--iothreads",
+            "2",
+        ])
+        .arg("--socket")
+        .arg(&sock)
+        .arg("--stats-file")
+        .arg(&stats)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for(&sock);
+    let out = vqblk()
+        .args([
+            "bench",
+            "--rw",
+            "randread",
+            "--bs",
+            "4k",
+            "--numjobs",
+            "2",
+            "--iodepth",
+            "4",
+        ])
+        .args([
+            "--size",
+            "1M",
+            "--output-format",
+            "json",
+            "--group_reporting",
+        ])
+        .arg(format!("--target=unix:{}", sock.display()))
+        .arg(format!("--server-pid={}", child.id()))
+        .arg("--server-stats")
+        .arg(&stats)
+        .output()
+        .unwrap();
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ios = j["jobs"][0]["read"]["total_ios"].as_u64().unwrap();
+    assert_eq!(ios, 2 * 256, "two jobs x 1 MiB / 4 KiB");
+    let threads = j["vqblk"]["server_iothreads"]
+        .as_array()
+        .expect("server_iothreads");
+    assert_eq!(threads.len(), 2);
+    let served: u64 = threads
+        .iter()
+        .map(|t| t["requests"].as_u64().unwrap())
+        .sum();
+    assert_eq!(served, ios, "{threads:?}");
+    assert!(
+        threads.iter().all(|t| t["requests"].as_u64().unwrap() > 0),
+        "both IOThreads served"
+    );
+}

@@ -159,6 +159,11 @@ pub struct BenchArgs {
     /// Server process whose CPU time is measured (all its threads).
     #[arg(long = "server-pid")]
     pub server_pid: Option<u32>,
+    /// With --server-pid of a `vqblk serve`: its --stats-file. The server is
+    /// asked (SIGUSR1) to rewrite it before and after the run, and the JSON
+    /// output gets the per-IOThread counters of the run (`vqblk.server_iothreads`).
+    #[arg(long = "server-stats", value_name = "FILE", requires = "server_pid")]
+    pub server_stats: Option<PathBuf>,
     /// With verify: create this file after the write pass and start the read pass only
     /// once it has been removed (lets a test or an operator act in between).
     #[arg(long = "verify_pause_file")]
@@ -305,9 +310,19 @@ pub fn run_to(
         writeln!(out, "{text}")?;
         return Ok(0);
     }
+    let stats0 = server_stats(args);
     let report = runner::execute(&plan, between_verify_passes)?;
+    let stats1 = server_stats(args);
     let text = match plan.output_format {
-        OutputFormat::Json => output::render_json(&report),
+        OutputFormat::Json => {
+            let mut v = serde_json::to_value(output::to_json(&report))?;
+            if let (Some(a), Some(b)) = (stats0, stats1) {
+                v["vqblk"]["server_iothreads"] = iothread_delta(&a, &b);
+            }
+            let mut t = serde_json::to_string_pretty(&v)?;
+            t.push('\n');
+            t
+        }
         OutputFormat::Normal => output::render_normal(&report),
     };
     out.write_all(text.as_bytes())?;
@@ -337,4 +352,73 @@ pub fn exit_code(result: &anyhow::Result<i32>) -> i32 {
         Ok(c) => *c,
         Err(_) => 2,
     }
+}
+
+/// Asks a `vqblk serve` (SIGUSR1) to rewrite its stats file and reads it.
+/// None, with a warning, if that does not work: the counters are extra.
+fn server_stats(args: &BenchArgs) -> Option<serde_json::Value> {
+    let (path, pid) = (args.server_stats.as_ref()?, args.server_pid?);
+    let mtime = || std::fs::metadata(path).and_then(|m| m.modified()).ok();
+    let before = mtime();
+    // SAFETY: kill(2) with a pid and a signal number; no memory is involved.
+    if unsafe { libc::kill(pid as i32, libc::SIGUSR1) } != 0 {
+        eprintln!(
+            "vqblk bench: --server-stats: cannot signal {pid}: {}",
+            std::io::Error::last_os_error()
+        );
+        return None;
+    }
+    let t0 = std::time::Instant::now();
+    while mtime() == before && t0.elapsed() < std::time::Duration::from_secs(2) {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    match std::fs::read_to_string(path).map(|t| serde_json::from_str(&t)) {
+        Ok(Ok(v)) => Some(v),
+        _ => {
+            eprintln!(
+                "vqblk bench: --server-stats: cannot read {}",
+                path.display()
+            );
+            None
+        }
+    }
+}
+
+/// Per-IOThread counters accumulated between two stats snapshots.
+fn iothread_delta(a: &serde_json::Value, b: &serde_json::Value) -> serde_json::Value {
+    const FIELDS: [&str; 11] = [
+        "requests",
+        "errors",
+        "kick_wakeups",
+        "completion_wakeups",
+        "notifications",
+        "passes",
+        "poll_attempts",
+        "poll_hits",
+        "naps",
+        "poll_seconds",
+        "sleep_seconds",
+    ];
+    let empty = Vec::new();
+    let before = a["iothreads"].as_array().unwrap_or(&empty);
+    let threads = b["iothreads"].as_array().unwrap_or(&empty);
+    let out = threads
+        .iter()
+        .map(|t| {
+            let old = before.iter().find(|o| o["name"] == t["name"]);
+            let mut d = serde_json::json!({ "name": t["name"], "cpu_seconds": 0.0 });
+            for f in FIELDS.iter().chain(std::iter::once(&"cpu_seconds")) {
+                let now = t[*f].as_f64().unwrap_or(0.0);
+                let was = old.and_then(|o| o[*f].as_f64()).unwrap_or(0.0);
+                d[*f] = if t[*f].is_u64() {
+                    serde_json::json!((now - was).max(0.0) as u64)
+                } else {
+                    serde_json::json!((now - was).max(0.0))
+                };
+            }
+            d["poll_window_ns"] = t["poll_window_ns"].clone();
+            d
+        })
+        .collect();
+    serde_json::Value::Array(out)
 }
