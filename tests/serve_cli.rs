@@ -24,32 +24,39 @@ fn wait_for(path: &std::path::Path) {
     }
 }
 
+/// `vqblk serve` on a 64 MiB null export, 2 queues over 2 IOThreads, with a
+/// stats file; returns once the socket exists.
+fn null_server(sock: &std::path::Path, stats: &std::path::Path) -> std::process::Child {
+    let child = vqblk()
+        .args([
+            "serve",
+            "--backend",
+            "null",
+            "--size",
+            "64M",
+            "--queues",
+            "2",
+            "--iothreads",
+            "2",
+        ])
+        .arg("--socket")
+        .arg(sock)
+        .arg("--stats-file")
+        .arg(stats)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for(sock);
+    child
+}
+
 #[test]
 fn sigterm_drains_removes_socket_and_exits_zero() {
     for sig in [libc::SIGTERM, libc::SIGINT] {
         let dir = scratch(&format!("cli-{sig}"));
         let sock = dir.join("d.sock");
         let stats = dir.join("stats.json");
-        let mut child = vqblk()
-            .args([
-                "serve",
-                "--backend",
-                "null",
-                "--size",
-                "64M",
-                "--queues",
-                "2",
-                "--iothreads",
-                "2",
-            ])
-            .arg("--socket")
-            .arg(&sock)
-            .arg("--stats-file")
-            .arg(&stats)
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
-        wait_for(&sock);
+        let mut child = null_server(&sock, &stats);
         let mode = std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
         let mut c = Client::connect(&sock, 2).unwrap();
@@ -247,26 +254,7 @@ fn bench_reports_server_iothread_counters() {
     let dir = scratch("cli-bench-stats");
     let sock = dir.join("d.sock");
     let stats = dir.join("stats.json");
-    let mut child = vqblk()
-        .args([
-            "serve",
-            "--backend",
-            "null",
-            "--size",
-            "64M",
-            "--queues",
-            "2",
-            "--iothreads",
-            "2",
-        ])
-        .arg("--socket")
-        .arg(&sock)
-        .arg("--stats-file")
-        .arg(&stats)
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_for(&sock);
+    let mut child = null_server(&sock, &stats);
     let out = vqblk()
         .args([
             "bench",
