@@ -370,7 +370,7 @@ struct IoThread {
     inflight: Vec<Option<Inflight>>,
     free: Vec<usize>,
     engines: Engines,
-    /// Whether the io_uring / pool notify fds are in the epoll set.
+    /// Whether the io_uring / pool completion eventfds are in the epoll set.
     registered: [bool; 2],
     stats: Arc<IoThreadStats>,
     warn: WarnLimiter,
@@ -785,7 +785,6 @@ impl IoThread {
                                 q.device.name, q.key.queue, rej.error
                             );
                         }
-                        self.stats.errors.add(1);
                         let st = rej.error.status();
                         self.finish(slot, rej.head, rej.status, st, 0, &mem);
                     }
@@ -828,6 +827,7 @@ impl IoThread {
             op,
             status: st,
         } = req;
+        let data_len = op.data_len();
         let (kind, offset, len, segs) = match op {
             Operation::GetId { data } => {
                 let mut written = 0usize;
@@ -851,12 +851,10 @@ impl IoThread {
             }
             Operation::Flush => (IoKind::Flush, 0, 0, Vec::new()),
             Operation::Read { sector, data } => {
-                let len = data.iter().map(|s| s.len as u64).sum();
-                (IoKind::Read, sector * SECTOR_SIZE, len, data)
+                (IoKind::Read, sector * SECTOR_SIZE, data_len, data)
             }
             Operation::Write { sector, data } => {
-                let len = data.iter().map(|s| s.len as u64).sum();
-                (IoKind::Write, sector * SECTOR_SIZE, len, data)
+                (IoKind::Write, sector * SECTOR_SIZE, data_len, data)
             }
             Operation::Discard {
                 sector,
@@ -930,7 +928,6 @@ impl IoThread {
                     if self.warn.allow() {
                         warn!("{}: data buffer outside guest memory", device.name);
                     }
-                    self.stats.errors.add(1);
                     return self.finish(slot, head, Some(st), status::IOERR, 0, mem);
                 }
             }
@@ -960,7 +957,7 @@ impl IoThread {
             done: 0,
             bounce,
         });
-        if let Err(e) = self.submit_token(token, device) {
+        if let Err(e) = self.submit_token(token) {
             error!(
                 "{}: cannot submit to the {:?} backend: {e}",
                 device.name, disk.kind
@@ -971,43 +968,51 @@ impl IoThread {
         }
     }
 
-    fn submit_token(&mut self, token: usize, device: &BlockDevice) -> io::Result<()> {
-        let engine = self.engines.get(device.disk.kind, &self.name)?;
+    fn submit_token(&mut self, token: usize) -> io::Result<()> {
         let inf = self.inflight[token].as_ref().unwrap();
+        let disk = &self.queues[inf.slot].as_ref().unwrap().device.disk;
+        let (kind, fd) = (disk.kind, disk.fd());
+        let engine = self.engines.get(kind, &self.name)?;
         // SAFETY: `inf.iov` (heap, not moved until the Inflight is dropped) and
         // the guest buffers it points to (mapped by `inf.mem`, which the
         // Inflight holds) stay valid until this token's completion is reaped,
         // because the Inflight is only dropped in `complete`.
-        unsafe { engine.submit(device.disk.fd(), &inf.op, token as u64)? };
-        self.register_notify_fds();
+        unsafe { engine.submit(fd, &inf.op, token as u64)? };
+        self.watch_completions(kind);
         Ok(())
     }
 
-    fn register_notify_fds(&mut self) {
-        let fds = [
-            (
+    /// Puts a failed or short request back in flight; hands it back (Some) if
+    /// the backend refuses it.
+    fn resubmit(&mut self, token: usize, inf: Inflight) -> Option<Inflight> {
+        self.inflight[token] = Some(inf);
+        match self.submit_token(token) {
+            Ok(()) => None,
+            Err(_) => self.inflight[token].take(),
+        }
+    }
+
+    /// Adds the completion eventfd of `kind`'s engine to the epoll set, once
+    /// (engines are created on first use).
+    fn watch_completions(&mut self, kind: BackendKind) {
+        let (i, token, fd) = match kind {
+            BackendKind::Null => return,
+            _ if self.registered[(kind == BackendKind::Threads) as usize] => return,
+            BackendKind::IoUring => (
+                0,
                 TOKEN_URING,
-                self.engines.uring.as_ref().map(Engine::notify_fd),
+                self.engines.uring.as_ref().and_then(Engine::notify_fd),
             ),
-            (
+            BackendKind::Threads => (
+                1,
                 TOKEN_POOL,
-                self.engines.pool.as_ref().map(Engine::notify_fd),
+                self.engines.pool.as_ref().and_then(Engine::notify_fd),
             ),
-        ];
-        for (i, (token, fd)) in fds.into_iter().enumerate() {
-            if let (false, Some(Some(fd))) = (self.registered[i], fd) {
-                if self
-                    .epoll
-                    .ctl(
-                        ControlOperation::Add,
-                        fd,
-                        EpollEvent::new(EventSet::IN | EventSet::EDGE_TRIGGERED, token),
-                    )
-                    .is_ok()
-                {
-                    self.registered[i] = true;
-                }
-            }
+        };
+        let Some(fd) = fd else { return };
+        let ev = EpollEvent::new(EventSet::IN | EventSet::EDGE_TRIGGERED, token);
+        if self.epoll.ctl(ControlOperation::Add, fd, ev).is_ok() {
+            self.registered[i] = true;
         }
     }
 
@@ -1037,7 +1042,6 @@ impl IoThread {
             error!("{}: completion for unknown token {token}", self.name);
             return;
         };
-        let device = self.queues[inf.slot].as_ref().unwrap().device.clone();
         let mut st = status::OK;
         if c.result < 0 {
             let errno = -c.result;
@@ -1048,30 +1052,26 @@ impl IoThread {
                     && inf.retries < MAX_RETRIES =>
                 {
                     inf.retries += 1;
-                    self.inflight[token] = Some(inf);
-                    if self.submit_token(token, &device).is_ok() {
-                        return;
+                    match self.resubmit(token, inf) {
+                        None => return,
+                        Some(back) => (inf, st) = (back, status::IOERR),
                     }
-                    inf = self.inflight[token].take().unwrap();
-                    st = status::IOERR;
                 }
                 // Discard is advisory: a file system without hole punching ignores it.
                 IoKind::Discard if errno == libc::EOPNOTSUPP => {}
                 // No ZERO_RANGE (tmpfs): punch a hole instead, it reads back as zeroes.
                 IoKind::WriteZeroes if errno == libc::EOPNOTSUPP && !inf.op.punch => {
                     inf.op.punch = true;
-                    self.inflight[token] = Some(inf);
-                    if self.submit_token(token, &device).is_ok() {
-                        return;
+                    match self.resubmit(token, inf) {
+                        None => return,
+                        Some(back) => (inf, st) = (back, status::IOERR),
                     }
-                    inf = self.inflight[token].take().unwrap();
-                    st = status::IOERR;
                 }
                 _ => {
                     if self.warn.allow() {
                         warn!(
                             "{}: {:?} at offset {} failed: {}",
-                            device.name,
+                            self.queues[inf.slot].as_ref().unwrap().device.name,
                             inf.op.kind,
                             inf.op.offset,
                             io::Error::from_raw_os_error(errno)
@@ -1093,12 +1093,10 @@ impl IoThread {
                     inf.op.offset += c.result as u64;
                     inf.op.len -= inf.done;
                     inf.done = 0;
-                    self.inflight[token] = Some(inf);
-                    if self.submit_token(token, &device).is_ok() {
-                        return;
+                    match self.resubmit(token, inf) {
+                        None => return,
+                        Some(back) => (inf, st) = (back, status::IOERR),
                     }
-                    inf = self.inflight[token].take().unwrap();
-                    st = status::IOERR;
                 }
             }
         }
@@ -1129,9 +1127,6 @@ impl IoThread {
             IoKind::Flush => c.flushes.add(1),
             _ => c.other.add(1),
         }
-        if st != status::OK {
-            self.stats.errors.add(1);
-        }
         let (slot, head, status_addr, mem) = (inf.slot, inf.head, inf.status, inf.mem.clone());
         drop(inf);
         self.finish(slot, head, Some(status_addr), st, used, &mem);
@@ -1156,6 +1151,7 @@ impl IoThread {
         q.counters.requests.add(1);
         if st != status::OK {
             q.counters.errors.add(1);
+            self.stats.errors.add(1);
         }
         self.stats.requests.add(1);
         q.inflight -= 1;
