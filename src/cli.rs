@@ -306,6 +306,7 @@ pub fn flag_name(field: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::poll::PollMode;
     use clap::Parser;
 
     #[derive(Parser)]
@@ -336,58 +337,30 @@ mod tests {
 
     #[test]
     fn flags_build_one_export() {
-        let t = T::try_parse_from([
-            "serve",
-            "--image",
-            "/i",
-            "--socket",
-            "/s",
+        let (cfg, default) = config_of(&[
             "--queues",
             "8",
             "--iothreads",
             "4",
             "--iothread-pin",
             "1=0-1",
-        ])
-        .unwrap();
-        let (cfg, default) = t.a.to_config().unwrap();
+        ]);
         assert!(!default);
         let plans = cfg.validate().unwrap();
         assert_eq!(plans[0].map.to_string(), "0:0,4;1:1,5;2:2,6;3:3,7");
         assert_eq!(cfg.iothreads.threads[0].cpuset.as_deref(), Some("0-1"));
-        let t = T::try_parse_from(["serve", "--image", "/i", "--socket", "/s", "--poll", "off"])
-            .unwrap();
-        assert_eq!(
-            t.a.to_config().unwrap().0.iothreads.poll_for(0).0,
-            crate::poll::PollMode::Off
-        );
-        let t = T::try_parse_from([
-            "serve",
-            "--image",
-            "/i",
-            "--socket",
-            "/s",
-            "--poll-weight",
-            "0",
-        ])
-        .unwrap();
-        assert_eq!(
-            t.a.to_config().unwrap().0.iothreads.poll_for(0).0,
-            crate::poll::PollMode::Classic
-        );
-        let t = T::try_parse_from([
-            "serve",
-            "--image",
-            "/i",
-            "--socket",
-            "/s",
-            "--poll",
-            "weighted",
-            "--poll-weight",
-            "2",
-        ])
-        .unwrap();
-        let (m, p) = t.a.to_config().unwrap().0.iothreads.poll_for(0);
-        assert_eq!((m, p.poll_weight), (crate::poll::PollMode::Weighted, 2));
+        let poll_of = |extra: &[&str]| config_of(extra).0.iothreads.poll_for(0);
+        assert_eq!(poll_of(&["--poll", "off"]).0, PollMode::Off);
+        assert_eq!(poll_of(&["--poll-weight", "0"]).0, PollMode::Classic);
+        let (m, p) = poll_of(&["--poll", "weighted", "--poll-weight", "2"]);
+        assert_eq!((m, p.poll_weight), (PollMode::Weighted, 2));
+    }
+
+    /// The serve model of `--image /i --socket /s` plus `extra` flags.
+    fn config_of(extra: &[&str]) -> (ServeConfig, bool) {
+        let args = ["serve", "--image", "/i", "--socket", "/s"]
+            .iter()
+            .chain(extra);
+        T::try_parse_from(args).unwrap().a.to_config().unwrap()
     }
 }
