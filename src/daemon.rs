@@ -20,7 +20,6 @@ use crate::config::{parse_cpuset, BackendKind, ConfigError, ServeConfig};
 use crate::iothread::{BlockDevice, IoThreadHandle, IoThreadSetup};
 use crate::stats::DaemonSnapshot;
 use crate::vhost_user::{Connection, ExportShared};
-use crate::virtio::request::Limits;
 use crate::virtio::{BlkGeometry, ID_BYTES, SECTOR_SIZE};
 
 /// Largest data segment we accept (virtio-blk `size_max`).
@@ -138,14 +137,7 @@ impl Daemon {
                 write_zeroes_may_unmap: true,
                 read_only: c.read_only,
             };
-            let limits = Limits {
-                capacity_sectors: geometry.capacity_sectors,
-                seg_max: geometry.seg_max,
-                size_max: geometry.size_max,
-                max_discard_sectors: geometry.max_discard_sectors,
-                max_write_zeroes_sectors: geometry.max_write_zeroes_sectors,
-                read_only: c.read_only,
-            };
+            let limits = geometry.limits();
             let mut serial = [0u8; ID_BYTES];
             let s = c.serial.clone().unwrap_or_else(|| plan.name.clone());
             let n = s.len().min(ID_BYTES);

@@ -118,6 +118,19 @@ impl BlkGeometry {
         f
     }
 
+    /// The limits the request parser enforces: exactly what the config space
+    /// advertises.
+    pub fn limits(&self) -> request::Limits {
+        request::Limits {
+            capacity_sectors: self.capacity_sectors,
+            seg_max: self.seg_max,
+            size_max: self.size_max,
+            max_discard_sectors: self.max_discard_sectors,
+            max_write_zeroes_sectors: self.max_write_zeroes_sectors,
+            read_only: self.read_only,
+        }
+    }
+
     /// The config space (virtio spec 1.2, 5.2.4, `struct virtio_blk_config`),
     /// little-endian, with the given `writeback` byte.
     pub fn config_space(&self, writeback: bool) -> [u8; CONFIG_SPACE_SIZE] {
