@@ -75,7 +75,18 @@ def run_bench(target, iodepth, runtime, server_pid=None, rw="randread", numjobs=
             "--time_based", "--size", "256M", "--group_reporting", "--output-format", "json", *extra]
     cpu0 = proc_cpu_seconds(server_pid) if server_pid else None
     t0 = time.time()
-    out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
+    for attempt in (1, 2):
+        proc = subprocess.run(args, capture_output=True, text=True)
+        if proc.returncode == 0:
+            break
+        err = f"{' '.join(args)}: exit {proc.returncode}: {proc.stderr.strip()}"
+        if attempt == 2:
+            raise RuntimeError(err)
+        # One retry: a run is minutes into a sweep; the failure is reported.
+        print(f"warning: retrying once: {err}", file=sys.stderr, flush=True)
+        cpu0 = proc_cpu_seconds(server_pid) if server_pid else None
+        t0 = time.time()
+    out = proc.stdout
     elapsed = time.time() - t0
     cpu1 = proc_cpu_seconds(server_pid) if server_pid else None
     j = json.loads(out)
@@ -97,12 +108,6 @@ def run_bench(target, iodepth, runtime, server_pid=None, rw="randread", numjobs=
         res["server_cpu_per_s"] = (cpu1 - cpu0) / elapsed
         res["server_cpu_us_per_io"] = (cpu1 - cpu0) / ios_all * 1e6 if ios_all else 0.0
     return res
-
-
-def median_of(runs):
-    keys = runs[0].keys()
-    return {k: statistics.median(r[k] for r in runs) for k in keys}
-
 
 
 def median_of(runs):
