@@ -184,6 +184,7 @@ impl IoThreadHandle {
                     pending: thread_pending,
                     poll_mems: Vec::new(),
                     policy: PollPolicy::new(poll_mode, poll_params, 1),
+                    commanded: false,
                 };
                 // SAFETY: gettid has no preconditions.
                 let tid = unsafe { libc::gettid() } as u64;
@@ -195,6 +196,9 @@ impl IoThreadHandle {
                 // of normal threads is 50 us).
                 // SAFETY: prctl with integer arguments only.
                 unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong) };
+                if t.policy.mode() == PollMode::Adaptive {
+                    t.calibrate_naps();
+                }
                 t.run();
             })?;
         Ok(IoThreadHandle {
@@ -381,6 +385,8 @@ struct IoThread {
     poll_mems: Vec<(usize, Arc<GuestMem>)>,
     /// Source 0 is the backends' completions, source 1 + i is queue slot i.
     policy: PollPolicy,
+    /// A control command was handled during this pass.
+    commanded: bool,
 }
 
 /// Policy source index of the backend completions.
@@ -396,6 +402,7 @@ impl IoThread {
             if self.stopping && self.inflight_total() == 0 {
                 break;
             }
+            self.commanded = false;
             let window = self.window();
             self.stats.poll_window_ns.set(window.min(i64::MAX as u64));
             let t0 = Instant::now();
@@ -412,12 +419,12 @@ impl IoThread {
                     if ready.is_empty() {
                         self.stats.naps.add(1);
                         slept = true;
-                        let t = Instant::now();
-                        self.wait_events_ns(nap, &mut events, &mut ready, &mut completed);
-                        self.stats.sleep_ns.add(t.elapsed().as_nanos() as u64);
+                        self.nap(nap, &mut events, &mut ready, &mut completed);
                     }
                 }
-                if ready.is_empty() && !completed {
+                // A command handled during the nap (a queue to detach, say) is
+                // answered at the end of this pass: do not spin or sleep first.
+                if ready.is_empty() && !completed && !self.commanded {
                     slept = false;
                     self.stats.poll_attempts.add(1);
                     let t = Instant::now();
@@ -431,9 +438,13 @@ impl IoThread {
                 // stranded (vhost-user: the guest kicks only if asked to).
                 self.arm_notifications(&mut ready);
             }
-            if !polled_hit && !slept && ready.is_empty() && !completed {
+            if !polled_hit && !slept && ready.is_empty() && !completed && !self.commanded {
                 let t = Instant::now();
-                self.wait_events(-1, &mut events, &mut ready, &mut completed);
+                // Until something real happens: a stale edge (see handle_events)
+                // is not a reason to run a pass.
+                while ready.is_empty() && !completed && !self.commanded && !self.stopping {
+                    self.wait_events(-1, &mut events, &mut ready, &mut completed);
+                }
                 self.stats.sleep_ns.add(t.elapsed().as_nanos() as u64);
             } else if self.pending.load(Ordering::Acquire) {
                 self.wait_events(0, &mut events, &mut ready, &mut completed);
@@ -467,6 +478,44 @@ impl IoThread {
             "{} stopped: {} requests served",
             self.name,
             self.stats.requests.get()
+        );
+    }
+
+    /// Measures what a hybrid-polling nap costs on this host before serving:
+    /// how late a short timed sleep ends and how much thread CPU it takes (in a
+    /// VM each costs several microseconds: timer programming and the idle exit
+    /// trap to the hypervisor). The policy sizes naps from these figures; later
+    /// naps that end by their timer keep refining the lateness. About 1 ms.
+    fn calibrate_naps(&mut self) {
+        const NAPS: u64 = 32;
+        const NAP_NS: u64 = 20_000;
+        let Ok(epoll) = Epoll::new() else {
+            return;
+        };
+        let mut events = [EpollEvent::default(); 1];
+        let mut late = Vec::with_capacity(NAPS as usize);
+        let cpu0 = thread_cpu_ns();
+        for _ in 0..NAPS {
+            let t = Instant::now();
+            if epoll_pwait2(&epoll, &mut events, NAP_NS).is_err() {
+                return;
+            }
+            late.push((t.elapsed().as_nanos() as u64).saturating_sub(NAP_NS));
+        }
+        // Median and 90th percentile: a nap preempted by another thread is not
+        // a property of the timer.
+        late.sort_unstable();
+        let (median, p90) = (late[late.len() / 2], late[late.len() * 9 / 10]);
+        self.policy.set_nap_late(median, p90 - median);
+        let cpu = thread_cpu_ns().saturating_sub(cpu0) / NAPS;
+        self.policy.set_nap_cpu_ns(cpu);
+        self.stats.nap_late_ns.set(self.policy.nap_late_ns());
+        self.stats.nap_cpu_ns.set(cpu);
+        debug!(
+            "{}: a timed nap ends up to {} ns late and costs {} ns of CPU",
+            self.name,
+            self.policy.nap_late_ns(),
+            cpu
         );
     }
 
@@ -556,6 +605,39 @@ impl IoThread {
         }
     }
 
+    /// A hybrid-polling nap: sleeps up to `nap_ns` (notifications armed) or until
+    /// something real happens; a stale edge does not end it. A nap ended by its
+    /// timer tells the policy how late the timer was.
+    fn nap(
+        &mut self,
+        nap_ns: u64,
+        events: &mut [EpollEvent],
+        ready: &mut Vec<usize>,
+        completed: &mut bool,
+    ) {
+        let start = Instant::now();
+        // First take the stale edges (kicks and completions that polling already
+        // served) without sleeping: each would otherwise cost a wake-up.
+        self.wait_events(0, events, ready, completed);
+        while ready.is_empty() && !*completed && !self.commanded {
+            let left = nap_ns.saturating_sub(start.elapsed().as_nanos() as u64);
+            if left == 0 {
+                break;
+            }
+            let t = Instant::now();
+            match self.wait_events_ns(left, events, ready, completed) {
+                Some(0) => {
+                    self.policy.observe_nap(left, t.elapsed().as_nanos() as u64);
+                    self.stats.nap_late_ns.set(self.policy.nap_late_ns());
+                    break;
+                }
+                Some(_) => {}
+                None => break,
+            }
+        }
+        self.stats.sleep_ns.add(start.elapsed().as_nanos() as u64);
+    }
+
     /// Like [`Self::wait_events`] with a timeout in nanoseconds (epoll_pwait2),
     /// for hybrid-polling naps.
     fn wait_events_ns(
@@ -564,32 +646,18 @@ impl IoThread {
         events: &mut [EpollEvent],
         ready: &mut Vec<usize>,
         completed: &mut bool,
-    ) {
-        let ts = libc::timespec {
-            tv_sec: (timeout_ns / 1_000_000_000) as libc::time_t,
-            tv_nsec: (timeout_ns % 1_000_000_000) as libc::c_long,
-        };
-        // SAFETY: `EpollEvent` is `repr(transparent)` over `libc::epoll_event`,
-        // so `events` is a valid buffer of `events.len()` epoll_event structs
-        // for the kernel to fill; `ts` is a live timespec; no signal mask.
-        let n = unsafe {
-            libc::epoll_pwait2(
-                self.epoll.as_raw_fd(),
-                events.as_mut_ptr().cast::<libc::epoll_event>(),
-                events.len() as i32,
-                &ts,
-                std::ptr::null(),
-            )
-        };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
+    ) -> Option<usize> {
+        let n = match epoll_pwait2(&self.epoll, events, timeout_ns) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => return None,
+            Err(e) => {
                 error!("{}: epoll_pwait2 failed: {e}", self.name);
                 self.stopping = true;
+                return None;
             }
-            return;
-        }
-        self.handle_events(n as usize, events, ready, completed);
+        };
+        self.handle_events(n, events, ready, completed);
+        Some(n)
     }
 
     /// One epoll_wait: handles commands, notes completions, collects kicked rings.
@@ -620,7 +688,7 @@ impl IoThread {
         ready: &mut Vec<usize>,
         completed: &mut bool,
     ) {
-        let (mut kicked, mut signalled) = (false, false);
+        let (mut kicked, mut signalled, mut stale) = (false, false, false);
         for ev in &events[..n] {
             match ev.data() {
                 TOKEN_WAKE => {
@@ -628,19 +696,38 @@ impl IoThread {
                     self.pending.store(false, Ordering::Release);
                     self.handle_commands();
                 }
-                // Edge-triggered too: nothing to read back.
-                TOKEN_URING | TOKEN_POOL => signalled = true,
+                // Edge-triggered too: nothing to read back. An edge may be
+                // stale: raised while the thread was polling, its completion
+                // already reaped.
+                TOKEN_URING | TOKEN_POOL => {
+                    if self.engines.has_completions() {
+                        signalled = true;
+                    } else {
+                        stale = true;
+                    }
+                }
                 t => {
                     let slot = (t - TOKEN_KICK_BASE) as usize;
                     // Edge-triggered: every guest kick (an eventfd write)
                     // raises a new edge, so the counter need not be read
-                    // back to zero: one syscall less per kick.
-                    if self.queues.get(slot).is_some_and(Option::is_some) {
+                    // back to zero: one syscall less per kick. The edge is
+                    // stale if polling already took the request: with
+                    // EVENT_IDX the first request after re-arming always
+                    // kicks, even if the thread is polling by then.
+                    let Some(q) = self.queues.get(slot).and_then(Option::as_ref) else {
+                        continue;
+                    };
+                    if has_avail(q, &q.mem.memory()) {
                         ready.push(slot);
                         kicked = true;
+                    } else {
+                        stale = true;
                     }
                 }
             }
+        }
+        if stale && !kicked && !signalled {
+            self.stats.stale_edges.add(1);
         }
         if signalled {
             *completed = true;
@@ -657,6 +744,7 @@ impl IoThread {
 
     fn handle_commands(&mut self) {
         while let Ok(cmd) = self.rx.try_recv() {
+            self.commanded = true;
             match cmd {
                 Command::Attach(a) => self.attach(*a),
                 Command::Detach { key, reply } => {
@@ -1205,6 +1293,42 @@ impl IoThread {
             }
         }
     }
+}
+
+/// `epoll_pwait2` with a timeout in nanoseconds (no signal mask).
+fn epoll_pwait2(epoll: &Epoll, events: &mut [EpollEvent], timeout_ns: u64) -> io::Result<usize> {
+    let ts = libc::timespec {
+        tv_sec: (timeout_ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (timeout_ns % 1_000_000_000) as libc::c_long,
+    };
+    // SAFETY: `EpollEvent` is `repr(transparent)` over `libc::epoll_event`, so
+    // `events` is a valid buffer of `events.len()` epoll_event structs for the
+    // kernel to fill; `ts` is a live timespec; a null sigmask means none.
+    let n = unsafe {
+        libc::epoll_pwait2(
+            epoll.as_raw_fd(),
+            events.as_mut_ptr().cast::<libc::epoll_event>(),
+            events.len() as i32,
+            &ts,
+            std::ptr::null(),
+        )
+    };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+/// CPU time of the calling thread, ns.
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a live, writable timespec; the clock id is valid.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// Host iovecs for guest segments; None if any byte is outside guest memory.

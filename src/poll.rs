@@ -155,9 +155,21 @@ pub const POLL_IDLE_INTERVAL_NS: u64 = 7_000_000_000;
 /// sources plus the notification toggling costs about as much.
 pub const ADAPTIVE_MIN_POLL_NS: u64 = 1_000;
 
-/// Shortest hybrid-polling nap ([`PollPolicy::nap_ns`]): below this a timer
-/// wake-up costs about as much CPU as spinning.
-pub const MIN_NAP_NS: u64 = 5_000;
+/// Shortest hybrid-polling nap ([`PollPolicy::nap_ns`]).
+pub const MIN_NAP_NS: u64 = 1_000;
+
+/// CPU a nap must save over spinning through the same time, in ns, at least
+/// ([`PollPolicy::nap_ns`] also asks for a quarter of the nap's length): below
+/// this the risk of a late timer is not worth it.
+pub const MIN_NAP_SAVING_NS: u64 = 2_000;
+
+/// Until measured ([`PollPolicy::set_nap_cpu_ns`]): thread CPU time of one timed
+/// nap (arming the timer, the context switches, the interrupt).
+pub const DEFAULT_NAP_CPU_NS: u64 = 5_000;
+
+/// Overshoot samples of a nap are capped at 1 ms (a preempted thread is not a
+/// property of the timer).
+const NAP_SAMPLE_CAP_NS: u64 = 1_000_000;
 
 /// Wake-up latency charged by [`simulate`] to an event found after sleeping.
 pub const WAKEUP_LATENCY_NS: u64 = 15_000;
@@ -351,6 +363,12 @@ pub struct PollPolicy {
     backoff: u32,
     /// Adaptive: EWMA of the interval between events of any source (capped samples).
     cycle_ns: u64,
+    /// Adaptive naps: mean and mean deviation of how late a timed nap ends (0 =
+    /// not measured yet: `wakeup_ns` stands in).
+    nap_late_ns: u64,
+    nap_late_dev: u64,
+    /// Adaptive naps: thread CPU time one nap costs.
+    nap_cpu_ns: u64,
 }
 
 impl PollPolicy {
@@ -371,6 +389,9 @@ impl PollPolicy {
             run_odds: ODDS_ONE,
             backoff: 0,
             cycle_ns: 0,
+            nap_late_ns: 0,
+            nap_late_dev: 0,
+            nap_cpu_ns: DEFAULT_NAP_CPU_NS,
         };
         policy.refresh_window();
         policy
@@ -427,12 +448,14 @@ impl PollPolicy {
 
     /// Adaptive hybrid polling: how long to *sleep* (notifications armed, with a
     /// precise timer) before spinning for the rest of the window, in ns; 0 = spin
-    /// from the start. No event is expected that early: the nap ends one wake-up
-    /// latency before the earliest likely event of any recently active source
-    /// (`mean - 2 dev`), as the kernel's blk-mq hybrid polling sleeps through
-    /// the first part of a request's expected latency. A nap shorter than
-    /// [`MIN_NAP_NS`] is not worth the timer wake-up. Every other mode spins from
-    /// the start.
+    /// from the start. No event is expected that early: the nap ends a timer
+    /// overshoot ([`PollPolicy::nap_late_ns`]) before the earliest likely event of
+    /// any recently active source (`mean - 2 dev`), as the kernel's blk-mq hybrid
+    /// polling sleeps through the first part of a request's expected latency. A nap
+    /// of `n` ns lasts about `n + late` and costs the thread [`Self::nap_cpu_ns`] of
+    /// CPU, where spinning would cost `n + late`: it is taken only if that saves at
+    /// least [`MIN_NAP_SAVING_NS`] and a quarter of its length. Every other mode
+    /// spins from the start.
     pub fn nap_ns(&self) -> u64 {
         if self.mode != PollMode::Adaptive || self.window_ns == 0 {
             return 0;
@@ -447,12 +470,73 @@ impl PollPolicy {
         else {
             return 0;
         };
-        let nap = lo.saturating_sub(self.adaptive.wakeup_ns);
-        if nap < MIN_NAP_NS {
+        let late = self.nap_late_ns();
+        let nap = lo.saturating_sub(late);
+        let mean_late = if self.nap_late_ns == 0 {
+            late
+        } else {
+            self.nap_late_ns
+        };
+        // CPU saved against spinning through the nap's whole length; it must be
+        // worth the risk of a late timer: 2 us, and a quarter of the length.
+        let length = nap + mean_late;
+        let saving = length.saturating_sub(self.nap_cpu_ns);
+        if nap < MIN_NAP_NS || saving < MIN_NAP_SAVING_NS.max(length / 4) {
             0
         } else {
             nap.min(self.window_ns)
         }
+    }
+
+    /// How late a timed nap may end, in ns: the measured mean + 2 deviations of
+    /// [`Self::observe_nap`] samples, or `wakeup_ns` until one was measured.
+    pub fn nap_late_ns(&self) -> u64 {
+        if self.nap_late_ns == 0 {
+            self.adaptive.wakeup_ns
+        } else {
+            self.nap_late_ns + 2 * self.nap_late_dev
+        }
+    }
+
+    /// Thread CPU time that one nap costs, in ns (measured or [`DEFAULT_NAP_CPU_NS`]).
+    pub fn nap_cpu_ns(&self) -> u64 {
+        self.nap_cpu_ns
+    }
+
+    /// A timed nap of `requested_ns` that ended by its timer after `elapsed_ns`: the
+    /// overshoot feeds the mean/deviation estimator (gains 1/8 and 1/4, samples
+    /// capped at 1 ms and at 4x the current mean; the first sample sets the mean,
+    /// with half of it as deviation).
+    pub fn observe_nap(&mut self, requested_ns: u64, elapsed_ns: u64) {
+        let mut x = elapsed_ns
+            .saturating_sub(requested_ns)
+            .clamp(1, NAP_SAMPLE_CAP_NS);
+        if self.nap_late_ns > 0 {
+            // A nap that was preempted says little about the timer: one sample
+            // moves the estimate by at most 3/8 of itself.
+            x = x.min(4 * self.nap_late_ns.max(1_000));
+        }
+        if self.nap_late_ns == 0 {
+            self.nap_late_ns = x;
+            self.nap_late_dev = x / 2;
+            return;
+        }
+        let err = x.abs_diff(self.nap_late_ns);
+        self.nap_late_dev = ewma(self.nap_late_dev, err, DEV_SHIFT);
+        self.nap_late_ns = ewma(self.nap_late_ns, x, MEAN_SHIFT).max(1);
+    }
+
+    /// Sets the nap lateness from a calibration: its typical value and spread
+    /// (e.g. the median, and the 90th percentile minus the median), as the
+    /// estimator's mean and deviation; later [`Self::observe_nap`] samples refine it.
+    pub fn set_nap_late(&mut self, typical_ns: u64, spread_ns: u64) {
+        self.nap_late_ns = typical_ns.clamp(1, NAP_SAMPLE_CAP_NS);
+        self.nap_late_dev = spread_ns.min(NAP_SAMPLE_CAP_NS);
+    }
+
+    /// Sets the measured thread CPU time of one nap.
+    pub fn set_nap_cpu_ns(&mut self, cpu_ns: u64) {
+        self.nap_cpu_ns = cpu_ns;
     }
 
     /// The window that `source` alone asks for (classic: its own window; weighted:
@@ -593,7 +677,7 @@ impl PollPolicy {
         self.cycle_ns = if self.cycle_ns == 0 {
             capped
         } else {
-            self.cycle_ns - (self.cycle_ns >> MEAN_SHIFT) + (capped >> MEAN_SHIFT)
+            ewma(self.cycle_ns, capped, MEAN_SHIFT)
         };
         self.hit_rate = self.hit_rate - (self.hit_rate >> RATE_SHIFT)
             + if hit { RATE_ONE >> RATE_SHIFT } else { 0 };
@@ -724,6 +808,11 @@ fn estimate_interval(s: &mut SourceState, x: u64) {
     } else {
         s.dev -= (s.dev - err) >> DEV_SHIFT;
     }
+}
+
+/// Exponentially weighted moving average with gain `1 / 2^shift`.
+fn ewma(old: u64, x: u64, shift: u32) -> u64 {
+    old - (old >> shift) + (x >> shift)
 }
 
 /// Outcome of [`simulate`].
@@ -1811,6 +1900,39 @@ mod tests {
         assert!(w >= 30_000, "window {w}");
         assert!((10_000..=15_000).contains(&nap), "nap {nap}");
         assert!(nap < w);
+        // Measured on the host: naps end 6 us late, +- 0.5, and cost 7 us of CPU.
+        let calibrate = |p: &mut PollPolicy| {
+            for i in 0..64 {
+                p.observe_nap(20_000, 26_000 + (i % 2) * 1_000 - 500);
+            }
+            p.set_nap_cpu_ns(7_000);
+        };
+        calibrate(&mut p);
+        let late = p.nap_late_ns();
+        assert!((6_500..=7_500).contains(&late), "late {late}");
+        let nap = p.nap_ns();
+        assert!((18_000..=23_500).contains(&nap), "nap {nap}");
+        // 10 us intervals: a 2-3 us nap would save too little for the risk.
+        let mut p = PollPolicy::new(PollMode::Adaptive, PollParams::default(), 1);
+        calibrate(&mut p);
+        for _ in 0..200 {
+            let w = p.poll_ns();
+            p.update(10_000, &[0], w >= 10_000);
+        }
+        assert!(p.poll_ns() > 0);
+        assert_eq!(p.nap_ns(), 0);
+        // 60 us intervals, but naps that cost 20 us of CPU: still worth it.
+        let mut p = PollPolicy::new(PollMode::Adaptive, PollParams::default(), 1);
+        calibrate(&mut p);
+        p.set_nap_cpu_ns(20_000);
+        for _ in 0..200 {
+            let w = p.poll_ns();
+            p.update(30_000, &[0], w >= 30_000);
+        }
+        assert!(p.nap_ns() > 0);
+        // ...but not when a nap costs as much CPU as spinning through it.
+        p.set_nap_cpu_ns(40_000);
+        assert_eq!(p.nap_ns(), 0);
         // Other modes never nap.
         for mode in [
             PollMode::Classic,
@@ -1824,5 +1946,55 @@ mod tests {
             }
             assert_eq!(p.nap_ns(), 0, "{mode:?}");
         }
+    }
+
+    #[test]
+    fn nap_lateness_is_learnt_from_measured_naps() {
+        let mut p = PollPolicy::new(PollMode::Adaptive, PollParams::default(), 1);
+        // Unmeasured: the configured wake-up latency stands in.
+        assert_eq!(p.nap_late_ns(), AdaptiveParams::default().wakeup_ns);
+        assert_eq!(p.nap_cpu_ns(), DEFAULT_NAP_CPU_NS);
+        // The first sample sets the mean, with half of it as deviation.
+        p.observe_nap(10_000, 16_000);
+        assert_eq!(p.nap_late_ns(), 6_000 + 2 * 3_000);
+        // Steady samples: the deviation decays, the mean stays.
+        for _ in 0..100 {
+            p.observe_nap(10_000, 16_000);
+        }
+        assert!(
+            (6_000..=6_100).contains(&p.nap_late_ns()),
+            "{}",
+            p.nap_late_ns()
+        );
+        // The host gets slower: the estimate follows.
+        for _ in 0..100 {
+            p.observe_nap(10_000, 30_000);
+        }
+        assert!(
+            (20_000..=20_500).contains(&p.nap_late_ns()),
+            "{}",
+            p.nap_late_ns()
+        );
+        // A calibration sets both; samples then refine them.
+        p.set_nap_late(7_000, 1_000);
+        assert_eq!(p.nap_late_ns(), 9_000);
+        p.observe_nap(10_000, 17_000);
+        assert!(p.nap_late_ns() < 9_000);
+        // One preempted nap moves the estimate by a fraction of itself.
+        let before = p.nap_late_ns();
+        p.observe_nap(10_000, 900_000);
+        assert!(
+            p.nap_late_ns() < 3 * before,
+            "{} -> {}",
+            before,
+            p.nap_late_ns()
+        );
+        // A preempted first nap counts as at most 1 ms late; an early one as 1 ns.
+        let mut q = PollPolicy::new(PollMode::Adaptive, PollParams::default(), 1);
+        q.observe_nap(10_000, 5_000_000_000);
+        assert_eq!(q.nap_late_ns(), 2 * NAP_SAMPLE_CAP_NS);
+        let mut q = PollPolicy::new(PollMode::Adaptive, PollParams::default(), 1);
+        q.observe_nap(10_000, 9_000);
+        assert_eq!(q.nap_late_ns(), 1);
     }
 }

@@ -66,6 +66,9 @@ pub struct IoThreadStats {
     pub kick_wakeups: Counter,
     /// Wake-ups caused by backend completions.
     pub completion_wakeups: Counter,
+    /// epoll returns that brought stale edges only (a kick or completion that
+    /// polling already served); they do not end a sleep or a nap.
+    pub stale_edges: Counter,
     /// Event-loop iterations.
     pub passes: Counter,
     /// Guest notifications (call fd writes) sent.
@@ -80,6 +83,10 @@ pub struct IoThreadStats {
     pub poll_hits: Counter,
     /// Hybrid-polling naps (timed sleeps before spinning).
     pub naps: Counter,
+    /// How late a timed nap may end, ns, as measured by this thread (gauge).
+    pub nap_late_ns: Counter,
+    /// Thread CPU time of one timed nap, ns, as measured (gauge).
+    pub nap_cpu_ns: Counter,
     /// Time spent busy-polling, ns.
     pub poll_ns: Counter,
     /// Time spent blocked in epoll_wait, ns.
@@ -137,6 +144,7 @@ impl IoThreadStats {
             requests: self.requests.get(),
             kick_wakeups: self.kick_wakeups.get(),
             completion_wakeups: self.completion_wakeups.get(),
+            stale_edges: self.stale_edges.get(),
             passes: self.passes.get(),
             notifications: self.notifications.get(),
             errors: self.errors.get(),
@@ -144,6 +152,8 @@ impl IoThreadStats {
             poll_attempts: self.poll_attempts.get(),
             poll_hits: self.poll_hits.get(),
             naps: self.naps.get(),
+            nap_late_ns: self.nap_late_ns.get(),
+            nap_cpu_ns: self.nap_cpu_ns.get(),
             poll_seconds: self.poll_ns.get() as f64 / 1e9,
             sleep_seconds: self.sleep_ns.get() as f64 / 1e9,
             queues,
@@ -209,6 +219,9 @@ pub struct IoThreadSnapshot {
     pub kick_wakeups: u64,
     /// Wake-ups by backend completion.
     pub completion_wakeups: u64,
+    /// epoll returns that brought stale edges only.
+    #[serde(default)]
+    pub stale_edges: u64,
     /// Event-loop iterations.
     pub passes: u64,
     /// Guest notifications sent.
@@ -223,6 +236,12 @@ pub struct IoThreadSnapshot {
     pub poll_hits: u64,
     /// Hybrid-polling naps.
     pub naps: u64,
+    /// How late a timed nap may end, ns (adaptive mode's measurement; 0 otherwise).
+    #[serde(default)]
+    pub nap_late_ns: u64,
+    /// Thread CPU time of one timed nap, ns (adaptive mode's measurement; 0 otherwise).
+    #[serde(default)]
+    pub nap_cpu_ns: u64,
     /// Seconds spent busy-polling.
     pub poll_seconds: f64,
     /// Seconds spent blocked waiting for events.

@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
 use vqblk::config::{BackendKind, ServeConfig};
@@ -101,4 +101,48 @@ fn no_lost_wakeups_in_any_polling_mode() {
             stress(mode, backend);
         }
     }
+}
+
+/// Adaptive mode naps (sleeps with a timer, kicks armed) before spinning when
+/// events come predictably late. A queue detached during a nap (the client went
+/// away) must be released at the end of that pass, not after the next event:
+/// the control thread waits for it before serving the next connection.
+#[test]
+fn a_queue_detached_during_a_nap_is_released_at_once() {
+    let dir = scratch("poll-nap-detach");
+    let e = export(&dir, BackendKind::Null, 1, 32 << 20);
+    let mut cfg = ServeConfig {
+        exports: vec![e],
+        ..Default::default()
+    };
+    cfg.iothreads.count = 1;
+    cfg.iothreads.poll.poll = Some(PollMode::Adaptive);
+    // Intervals of ~300 us must be pollable for the thread to nap through them.
+    cfg.iothreads.poll.poll_max_ns = Some(1_000_000);
+    let daemon = Daemon::start(&cfg).unwrap();
+    let sock = daemon.sockets()[0].clone();
+    for round in 0..6 {
+        let t = Instant::now();
+        let mut c = Client::connect(&sock, 1).unwrap();
+        let took = t.elapsed();
+        assert!(
+            took < Duration::from_secs(5),
+            "round {round}: connecting took {took:?}: the last client's queue was not released"
+        );
+        // Reads 300 us apart (spun, for precision): the thread learns to nap
+        // through most of each gap.
+        for i in 0..200 {
+            assert_eq!(c.read(0, (i % 64) * 4096, 0, 4096), 0);
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_micros(300) {
+                std::hint::spin_loop();
+            }
+        }
+        // Go away right after a completion: the thread is napping.
+        assert_eq!(c.read(0, 0, 0, 4096), 0);
+        drop(c);
+    }
+    let naps = daemon.stats().iothreads[0].naps;
+    assert!(naps > 100, "the thread napped only {naps} times");
+    daemon.shutdown();
 }
