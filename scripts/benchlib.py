@@ -44,25 +44,37 @@ def wait_socket(path, proc, timeout=20):
     time.sleep(0.2)
 
 
+def null_latency(backend):
+    """Latency in ns of a null backend spec ("null" or "null:NS"), None if not null."""
+    name, _, ns = backend.partition(":")
+    return int(ns or 0) if name == "null" else None
+
+
 def start_vqblk(backend, image, sock, queues=1, iothreads=1, extra=()):
     args = [VQBLK, "serve", "--socket", sock, "--queues", str(queues), "--iothreads", str(iothreads),
             "--log-level", "warn", *extra]
-    if backend == "null":
+    latency = null_latency(backend)
+    if latency is not None:
         args += ["--backend", "null", "--size", "1G"]
+        if latency:
+            args += ["--latency-ns", str(latency)]
     else:
         args += ["--image", image, "--cache", "none"]
     return subprocess.Popen(args, stdout=subprocess.DEVNULL)
 
 
-def start_qsd(backend, image, sock, queues=1):
-    if backend == "null":
+def start_qsd(backend, image, sock, queues=1, poll_max_ns=None):
+    latency = null_latency(backend)
+    if latency is not None:
         blockdev = "driver=null-co,node-name=disk,size=1073741824,read-zeroes=on"
+        if latency:
+            blockdev += f",latency-ns={latency}"
     else:
         blockdev = f"driver=file,node-name=disk,filename={image},cache.direct=on,aio=io_uring"
     args = [
         "qemu-storage-daemon",
         "--blockdev", blockdev,
-        "--object", "iothread,id=iot0",
+        "--object", "iothread,id=iot0" + (f",poll-max-ns={poll_max_ns}" if poll_max_ns is not None else ""),
         "--export", f"type=vhost-user-blk,id=exp0,node-name=disk,addr.type=unix,addr.path={sock},"
                     f"writable=on,num-queues={queues},iothread=iot0",
     ]

@@ -77,6 +77,10 @@ pub struct ServeArgs {
     /// Size of a null export (e.g. 1G).
     #[arg(long)]
     pub size: Option<String>,
+    /// Null backend: complete each request this many ns after submission, like
+    /// QEMU's null-co latency-ns (a stand-in for a device's latency).
+    #[arg(long, value_name = "NS")]
+    pub latency_ns: Option<u64>,
     /// Create the image with this size if it does not exist (sparse).
     #[arg(long, value_name = "SIZE")]
     pub create: Option<String>,
@@ -135,6 +139,7 @@ impl ServeArgs {
         e.read_only = self.read_only;
         e.serial = self.serial.clone();
         e.size = self.size.clone();
+        e.latency_ns = self.latency_ns;
         e.create = create;
         e.socket_mode = self.socket_mode.clone();
         if let Some(spec) = &self.map {
@@ -332,6 +337,12 @@ mod tests {
             .starts_with("--map: virtqueue 1 is not assigned"));
         assert!(with(&["--queue-size", "3"]).starts_with("--queue-size:"));
         assert!(with(&["--size", "1G"]).starts_with("--size:"));
+        assert!(with(&["--latency-ns", "1000"]).starts_with("--latency-ns: only the null"));
+        let null = ["--backend", "null", "--size", "1G", "--socket", "/s"];
+        assert!(
+            config_err(&[&null[..], &["--latency-ns", "2000000000"]].concat())
+                .starts_with("--latency-ns: at most")
+        );
         assert!(with(&["--serial", "123456789012345678901"]).starts_with("--serial:"));
     }
 

@@ -180,6 +180,9 @@ impl IoThreadConfig {
     }
 }
 
+/// Largest null-backend `latency-ns` (1 s).
+pub const MAX_NULL_LATENCY_NS: u64 = 1_000_000_000;
+
 /// One `[[export]]` table: a disk served on one vhost-user socket.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -225,6 +228,10 @@ pub struct ExportConfig {
     /// Create the image with this size if it does not exist.
     #[serde(default)]
     pub create: Option<String>,
+    /// Null backend: complete each request this many ns after submission (as
+    /// QEMU's null-co `latency-ns`; default 0 = at once).
+    #[serde(default)]
+    pub latency_ns: Option<u64>,
 }
 
 fn one_u16() -> u16 {
@@ -258,6 +265,7 @@ impl ExportConfig {
             serial: None,
             size: None,
             create: None,
+            latency_ns: None,
         }
     }
 }
@@ -439,12 +447,24 @@ fn validate_export(i: usize, e: &ExportConfig, pool: usize) -> Result<ExportPlan
                     "the null backend needs a size (e.g. 1G)",
                 ));
             }
+            if e.latency_ns.is_some_and(|l| l > MAX_NULL_LATENCY_NS) {
+                return Err(ConfigError::new(
+                    f("latency-ns"),
+                    format!("at most {MAX_NULL_LATENCY_NS} (1 s)"),
+                ));
+            }
         }
         _ => {
             if e.image.is_none() {
                 return Err(ConfigError::new(
                     f("image"),
                     "missing (a raw image file or block device)",
+                ));
+            }
+            if e.latency_ns.is_some() {
+                return Err(ConfigError::new(
+                    f("latency-ns"),
+                    "only the null backend takes a latency (a real device has its own)",
                 ));
             }
             if size.is_some() {

@@ -80,7 +80,9 @@ impl Daemon {
         for p in &plans {
             let c = &p.config;
             let disk = match c.backend {
-                BackendKind::Null => Disk::null(p.size.unwrap_or(0), c.read_only),
+                BackendKind::Null => {
+                    Disk::null(p.size.unwrap_or(0), c.read_only, c.latency_ns.unwrap_or(0))
+                }
                 kind => Disk::open(
                     c.image.as_deref().unwrap(),
                     kind,

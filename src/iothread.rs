@@ -176,7 +176,7 @@ impl IoThreadHandle {
                     inflight: Vec::new(),
                     free: Vec::new(),
                     engines: Engines::default(),
-                    registered: [false; 2],
+                    registered: [false; 3],
                     stats: thread_stats,
                     warn: WarnLimiter::default(),
                     stopping: false,
@@ -185,6 +185,7 @@ impl IoThreadHandle {
                     poll_mems: Vec::new(),
                     policy: PollPolicy::new(poll_mode, poll_params, 1),
                     commanded: false,
+                    epoch: Instant::now(),
                 };
                 // SAFETY: gettid has no preconditions.
                 let tid = unsafe { libc::gettid() } as u64;
@@ -254,6 +255,7 @@ fn pin_to(cpus: &[usize]) {
 const TOKEN_WAKE: u64 = 0;
 const TOKEN_URING: u64 = 1;
 const TOKEN_POOL: u64 = 2;
+const TOKEN_NULL: u64 = 3;
 const TOKEN_KICK_BASE: u64 = 16;
 
 /// A virtqueue served by this thread.
@@ -375,7 +377,7 @@ struct IoThread {
     free: Vec<usize>,
     engines: Engines,
     /// Whether the io_uring / pool completion eventfds are in the epoll set.
-    registered: [bool; 2],
+    registered: [bool; 3],
     stats: Arc<IoThreadStats>,
     warn: WarnLimiter,
     stopping: bool,
@@ -387,6 +389,8 @@ struct IoThread {
     policy: PollPolicy,
     /// A control command was handled during this pass.
     commanded: bool,
+    /// Origin of the policy's clock.
+    epoch: Instant,
 }
 
 /// Policy source index of the backend completions.
@@ -409,17 +413,24 @@ impl IoThread {
             let mut completed = false;
             let mut polled_hit = false;
             let mut slept = false;
-            if window > 0 {
-                // Hybrid polling: sleep through the part of the window in which
-                // no event is expected (notifications armed, as in any sleep),
-                // then spin for the rest.
-                let nap = self.policy.nap_ns();
+            // Hybrid polling (adaptive): sleep through the part of the wait in
+            // which no event is expected (notifications armed, as in any
+            // sleep), then spin for the event the nap expected.
+            let nap = if self.serving() {
+                self.policy.nap_at(self.clock_ns(t0))
+            } else {
+                0
+            };
+            if window > 0 || nap > 0 {
+                let mut deadline = window;
                 if nap > 0 {
                     self.arm_notifications(&mut ready);
                     if ready.is_empty() {
                         self.stats.naps.add(1);
                         slept = true;
                         self.nap(nap, &mut events, &mut ready, &mut completed);
+                        let spin = self.policy.nap_spin_ns();
+                        deadline = deadline.max(t0.elapsed().as_nanos() as u64 + spin);
                     }
                 }
                 // A command handled during the nap (a queue to detach, say) is
@@ -428,7 +439,7 @@ impl IoThread {
                     slept = false;
                     self.stats.poll_attempts.add(1);
                     let t = Instant::now();
-                    polled_hit = self.poll(window, t0, &mut ready, &mut completed);
+                    polled_hit = self.poll(deadline, t0, &mut ready, &mut completed);
                     self.stats.poll_ns.add(t.elapsed().as_nanos() as u64);
                 }
             }
@@ -466,6 +477,8 @@ impl IoThread {
                 &sources,
                 polled_hit,
             );
+            self.policy
+                .observe_events_at(self.clock_ns(t_end), &sources);
             // Keep kicks off while we expect to poll next time.
             let rearm = self.window() == 0;
             for slot in ready.drain(..) {
@@ -521,10 +534,22 @@ impl IoThread {
 
     /// The polling window for this pass: none while stopping or with nothing to serve.
     fn window(&self) -> u64 {
-        if self.stopping || !self.queues.iter().flatten().any(QueueSlot::active) {
-            return 0;
+        if self.serving() {
+            self.policy.poll_ns()
+        } else {
+            0
         }
-        self.policy.poll_ns()
+    }
+
+    /// Whether any ring is being served (not stopping, some queue active).
+    fn serving(&self) -> bool {
+        !self.stopping && self.queues.iter().flatten().any(QueueSlot::active)
+    }
+
+    /// `t` on the policy's clock: ns since the thread started, plus one (0 is
+    /// "never" there).
+    fn clock_ns(&self, t: Instant) -> u64 {
+        t.duration_since(self.epoch).as_nanos() as u64 + 1
     }
 
     /// Busy-polls the rings, the backends and the command flag for at most
@@ -699,7 +724,7 @@ impl IoThread {
                 // Edge-triggered too: nothing to read back. An edge may be
                 // stale: raised while the thread was polling, its completion
                 // already reaped.
-                TOKEN_URING | TOKEN_POOL => {
+                TOKEN_URING | TOKEN_POOL | TOKEN_NULL => {
                     if self.engines.has_completions() {
                         signalled = true;
                     } else {
@@ -1028,6 +1053,7 @@ impl IoThread {
             iovcnt: iov.len() as u32,
             dsync: kind == IoKind::Write && disk.writethrough(),
             punch,
+            latency_ns: disk.latency_ns,
         };
         let token = self.free.pop().unwrap_or_else(|| {
             self.inflight.push(None);
@@ -1083,19 +1109,19 @@ impl IoThread {
     /// Adds the completion eventfd of `kind`'s engine to the epoll set, once
     /// (engines are created on first use).
     fn watch_completions(&mut self, kind: BackendKind) {
-        let (i, token, fd) = match kind {
-            BackendKind::Null => return,
-            _ if self.registered[(kind == BackendKind::Threads) as usize] => return,
-            BackendKind::IoUring => (
-                0,
-                TOKEN_URING,
-                self.engines.uring.as_ref().and_then(Engine::notify_fd),
-            ),
-            BackendKind::Threads => (
-                1,
-                TOKEN_POOL,
-                self.engines.pool.as_ref().and_then(Engine::notify_fd),
-            ),
+        let (i, token) = match kind {
+            BackendKind::IoUring => (0, TOKEN_URING),
+            BackendKind::Threads => (1, TOKEN_POOL),
+            BackendKind::Null => (2, TOKEN_NULL),
+        };
+        if self.registered[i] {
+            return;
+        }
+        let fd = match kind {
+            BackendKind::IoUring => self.engines.uring.as_ref().and_then(Engine::notify_fd),
+            BackendKind::Threads => self.engines.pool.as_ref().and_then(Engine::notify_fd),
+            // Only once a delayed (latency-ns) operation made its timer.
+            BackendKind::Null => self.engines.null.notify_fd(),
         };
         let Some(fd) = fd else { return };
         let ev = EpollEvent::new(EventSet::IN | EventSet::EDGE_TRIGGERED, token);

@@ -119,6 +119,17 @@
 //!    further miss, down to 0 (windows below [`ADAPTIVE_MIN_POLL_NS`] are not worth
 //!    a polling pass). The first hit, or an event that the full window would have
 //!    caught, restores the full window.
+//! 5. **Nap through the predictable part of the wait** (hybrid polling, as the
+//!    kernel's blk-mq): each source also learns its own rhythm, the mean and
+//!    deviation of the gap between its events (a queue's kicks, the completions'
+//!    device latency; gaps up to [`NAP_HORIZON_NS`]), fed with timestamps by
+//!    [`PollPolicy::observe_events_at`]. [`PollPolicy::nap_at`] sleeps until one
+//!    timer overshoot before the earliest `last + gap - 2 dev` among the active
+//!    sources, then the loop spins for [`PollPolicy::nap_spin_ns`]. The overshoot
+//!    and the CPU a nap costs are measured by the IOThread, not assumed; a nap must
+//!    save 2 us and a quarter of its length over spinning. Naps may reach past
+//!    `poll-max-ns`, which bounds only spinning: an 80 us device is caught at the
+//!    end of a 70 us nap instead of by a wake-up.
 //!
 //! The test `simulation_comparison` (run it with `--nocapture`) prints the modes side
 //! by side on steady, jittery, heavy-tailed, bimodal, mid-range, slow and phased
@@ -166,6 +177,10 @@ pub const MIN_NAP_SAVING_NS: u64 = 2_000;
 /// Until measured ([`PollPolicy::set_nap_cpu_ns`]): thread CPU time of one timed
 /// nap (arming the timer, the context switches, the interrupt).
 pub const DEFAULT_NAP_CPU_NS: u64 = 5_000;
+
+/// Inter-arrival times longer than this are idle periods, not a rhythm to nap
+/// through; a source silent for longer is not expected soon.
+pub const NAP_HORIZON_NS: u64 = 1_000_000;
 
 /// Overshoot samples of a nap are capped at 1 ms (a preempted thread is not a
 /// property of the timer).
@@ -333,6 +348,13 @@ struct SourceState {
     peak: u64,
     /// Sum of the `block_ns` reported since the source's last event.
     idle_ns: u64,
+    /// Adaptive naps: time of the source's last event ([`PollPolicy::observe_events_at`];
+    /// 0: none yet).
+    last_at: u64,
+    /// Adaptive naps: mean and mean deviation of the time between its events
+    /// (inter-arrivals up to [`NAP_HORIZON_NS`]; 0: no sample yet).
+    gap_ns: u64,
+    gap_dev: u64,
     /// Scratch flag: the source is in the current `update`'s event list.
     had_event: bool,
 }
@@ -446,32 +468,40 @@ impl PollPolicy {
         self.window_ns
     }
 
-    /// Adaptive hybrid polling: how long to *sleep* (notifications armed, with a
-    /// precise timer) before spinning for the rest of the window, in ns; 0 = spin
-    /// from the start. No event is expected that early: the nap ends a timer
-    /// overshoot ([`PollPolicy::nap_late_ns`]) before the earliest likely event of
-    /// any recently active source (`mean - 2 dev`), as the kernel's blk-mq hybrid
-    /// polling sleeps through the first part of a request's expected latency. A nap
-    /// of `n` ns lasts about `n + late` and costs the thread [`Self::nap_cpu_ns`] of
-    /// CPU, where spinning would cost `n + late`: it is taken only if that saves at
-    /// least [`MIN_NAP_SAVING_NS`] and a quarter of its length. Every other mode
-    /// spins from the start.
-    pub fn nap_ns(&self) -> u64 {
-        if self.mode != PollMode::Adaptive || self.window_ns == 0 {
+    /// Adaptive hybrid polling: how long to *sleep* from `now_ns` (notifications
+    /// armed, with a precise timer) before spinning, in ns; 0 = do not nap. Each
+    /// source that had an event within [`NAP_HORIZON_NS`] is expected again at
+    /// `last event + mean gap - 2 dev` (its own rhythm: a queue's kicks, the
+    /// completions' device latency); the nap ends a timer overshoot
+    /// ([`PollPolicy::nap_late_ns`]) before the earliest of these, as the kernel's
+    /// blk-mq hybrid polling sleeps through the first part of a request's expected
+    /// latency. Any recently active source without an estimate yet, or one already
+    /// due, means no nap. A nap of `n` ns lasts about `n + late` and costs the
+    /// thread [`Self::nap_cpu_ns`] of CPU, where spinning would cost `n + late`: it
+    /// is taken only if that saves at least [`MIN_NAP_SAVING_NS`] and a quarter of
+    /// its length. Unlike the window, a nap may reach past `poll-max-ns` (it burns
+    /// no CPU); the spin after it is bounded by [`Self::nap_spin_ns`]. Every other
+    /// mode never naps, nor does `poll-max-ns=0`.
+    pub fn nap_at(&self, now_ns: u64) -> u64 {
+        if self.mode != PollMode::Adaptive || self.params.poll_max_ns == 0 {
             return 0;
         }
-        let max = self.params.poll_max_ns;
-        let Some(lo) = self
-            .sources
-            .iter()
-            .filter(|s| s.idle_ns < max && s.ns > 0)
-            .map(|s| s.ns.saturating_sub(s.dev.saturating_mul(2)))
-            .min()
-        else {
+        let mut earliest = u64::MAX;
+        for s in &self.sources {
+            if s.last_at == 0 || now_ns.saturating_sub(s.last_at) >= NAP_HORIZON_NS {
+                continue;
+            }
+            if s.gap_ns == 0 {
+                return 0;
+            }
+            let due = (s.last_at + s.gap_ns).saturating_sub(2 * s.gap_dev);
+            earliest = earliest.min(due);
+        }
+        if earliest == u64::MAX {
             return 0;
-        };
+        }
         let late = self.nap_late_ns();
-        let nap = lo.saturating_sub(late);
+        let nap = earliest.saturating_sub(late).saturating_sub(now_ns);
         let mean_late = if self.nap_late_ns == 0 {
             late
         } else {
@@ -484,7 +514,42 @@ impl PollPolicy {
         if nap < MIN_NAP_NS || saving < MIN_NAP_SAVING_NS.max(length / 4) {
             0
         } else {
-            nap.min(self.window_ns)
+            nap.min(NAP_HORIZON_NS)
+        }
+    }
+
+    /// After a nap, how long to spin for the event that the nap expected, in ns:
+    /// the timer's lateness and the gaps' spread are already spent, so what is
+    /// left is the slack of the prediction, bounded by `poll-max-ns`.
+    pub fn nap_spin_ns(&self) -> u64 {
+        let spread = self
+            .sources
+            .iter()
+            .filter(|s| s.last_at != 0 && s.gap_ns != 0)
+            .map(|s| s.gap_dev)
+            .max()
+            .unwrap_or(0);
+        (self.nap_late_ns() + 4 * spread + MIN_NAP_SAVING_NS).min(self.params.poll_max_ns)
+    }
+
+    /// Adaptive naps: the sources in `events` had an event at `now_ns` (any
+    /// monotonic clock, > 0): their gap since the previous one feeds a
+    /// mean/deviation estimator (gains 1/8 and 1/4, as TCP's RTT), unless it is
+    /// longer than [`NAP_HORIZON_NS`] (an idle period). Duplicates and unknown
+    /// indexes are ignored.
+    pub fn observe_events_at(&mut self, now_ns: u64, events: &[usize]) {
+        for &i in events {
+            let Some(s) = self.sources.get_mut(i) else {
+                continue;
+            };
+            if s.last_at == now_ns {
+                continue;
+            }
+            let gap = now_ns.saturating_sub(s.last_at);
+            if s.last_at != 0 && gap <= NAP_HORIZON_NS {
+                jacobson(&mut s.gap_ns, &mut s.gap_dev, gap.max(1));
+            }
+            s.last_at = now_ns;
         }
     }
 
@@ -790,24 +855,33 @@ fn classic_adjust(ns: u64, block_ns: u64, params: &PollParams) -> u64 {
 
 /// Adaptive: Jacobson/Karels update of a source's mean and mean deviation.
 fn estimate_interval(s: &mut SourceState, x: u64) {
-    if s.ns == 0 {
-        s.ns = x.max(1);
-        s.dev = x / 2;
-        s.peak = x;
+    s.peak = if s.ns == 0 {
+        x
+    } else {
+        x.max(s.peak - (s.peak >> PEAK_SHIFT))
+    };
+    jacobson(&mut s.ns, &mut s.dev, x);
+}
+
+/// Jacobson/Karels mean and mean deviation (gains 1/8 and 1/4); a mean of 0 is
+/// "no sample yet": the first sets the mean, with half of it as deviation.
+fn jacobson(mean: &mut u64, dev: &mut u64, x: u64) {
+    if *mean == 0 {
+        *mean = x.max(1);
+        *dev = x / 2;
         return;
     }
-    s.peak = x.max(s.peak - (s.peak >> PEAK_SHIFT));
-    let err = x.abs_diff(s.ns);
-    if x >= s.ns {
-        s.ns += err >> MEAN_SHIFT;
+    let err = x.abs_diff(*mean);
+    *mean = if x >= *mean {
+        *mean + (err >> MEAN_SHIFT)
     } else {
-        s.ns = (s.ns - (err >> MEAN_SHIFT)).max(1);
-    }
-    if err >= s.dev {
-        s.dev += (err - s.dev) >> DEV_SHIFT;
+        (*mean - (err >> MEAN_SHIFT)).max(1)
+    };
+    *dev = if err >= *dev {
+        *dev + ((err - *dev) >> DEV_SHIFT)
     } else {
-        s.dev -= (s.dev - err) >> DEV_SHIFT;
-    }
+        *dev - ((*dev - err) >> DEV_SHIFT)
+    };
 }
 
 /// Exponentially weighted moving average with gain `1 / 2^shift`.
@@ -1881,59 +1955,75 @@ mod tests {
 
     #[test]
     fn adaptive_naps_only_when_events_are_predictably_late() {
-        // Steady 8 us intervals: nothing to nap through.
-        let mut p = PollPolicy::new(PollMode::Adaptive, PollParams::default(), 1);
-        for _ in 0..200 {
-            let w = p.poll_ns();
-            p.update(8_000, &[0], w >= 8_000);
-        }
-        assert!(p.poll_ns() > 0);
-        assert_eq!(p.nap_ns(), 0);
-        // Steady 30 us intervals (a device's latency): nap through the first
-        // 30 - 2 dev - 15 us, spin for the rest; the nap never exceeds the window.
-        let mut p = PollPolicy::new(PollMode::Adaptive, PollParams::default(), 1);
-        for _ in 0..200 {
-            let w = p.poll_ns();
-            p.update(30_000, &[0], w >= 30_000);
-        }
-        let (w, nap) = (p.poll_ns(), p.nap_ns());
-        assert!(w >= 30_000, "window {w}");
-        assert!((10_000..=15_000).contains(&nap), "nap {nap}");
-        assert!(nap < w);
         // Measured on the host: naps end 6 us late, +- 0.5, and cost 7 us of CPU.
-        let calibrate = |p: &mut PollPolicy| {
-            for i in 0..64 {
-                p.observe_nap(20_000, 26_000 + (i % 2) * 1_000 - 500);
-            }
+        let calibrated = |sources| {
+            let mut p = PollPolicy::new(PollMode::Adaptive, PollParams::default(), sources);
+            p.set_nap_late(6_000, 500);
             p.set_nap_cpu_ns(7_000);
+            p
         };
-        calibrate(&mut p);
-        let late = p.nap_late_ns();
-        assert!((6_500..=7_500).contains(&late), "late {late}");
-        let nap = p.nap_ns();
-        assert!((18_000..=23_500).contains(&nap), "nap {nap}");
-        // 10 us intervals: a 2-3 us nap would save too little for the risk.
-        let mut p = PollPolicy::new(PollMode::Adaptive, PollParams::default(), 1);
-        calibrate(&mut p);
-        for _ in 0..200 {
-            let w = p.poll_ns();
-            p.update(10_000, &[0], w >= 10_000);
+        // A source with an event every `gap` ns, the last one at `t`.
+        let rhythm = |p: &mut PollPolicy, source: usize, start: u64, gap: u64, n: u64| {
+            for k in 0..n {
+                p.observe_events_at(start + k * gap, &[source]);
+            }
+            start + (n - 1) * gap
+        };
+        // Steady 30 us gaps (a device's latency), 2 us after the last event: nap
+        // until one overshoot (7 us) before the next: 30 - 2 - 7 = 21 us.
+        let mut p = calibrated(1);
+        let t = rhythm(&mut p, 0, 1_000, 30_000, 200);
+        let nap = p.nap_at(t + 2_000);
+        assert!((20_000..=21_500).contains(&nap), "nap {nap}");
+        // Past the predicted time: no nap.
+        assert_eq!(p.nap_at(t + 25_000), 0);
+        // The spin after a nap covers the timer's lateness and the spread.
+        assert!(
+            (7_000..=12_000).contains(&p.nap_spin_ns()),
+            "{}",
+            p.nap_spin_ns()
+        );
+        // Gaps beyond poll-max-ns (an 80 us device): the nap reaches past it,
+        // which the window never does.
+        let mut p = calibrated(1);
+        let t = rhythm(&mut p, 0, 1_000, 80_000, 200);
+        let nap = p.nap_at(t);
+        assert!((72_000..=73_500).contains(&nap), "nap {nap}");
+        assert!(p.nap_spin_ns() <= PollParams::default().poll_max_ns);
+        // Steady 10 us gaps: a 2-3 us nap would save too little for the risk.
+        let mut p = calibrated(1);
+        let t = rhythm(&mut p, 0, 1_000, 10_000, 200);
+        assert_eq!(p.nap_at(t), 0);
+        // Two sources: the earliest expected event bounds the nap. Completions
+        // every 60 us; kicks every 60 us, 10 us after each completion.
+        let mut p = calibrated(2);
+        for k in 0..99u64 {
+            p.observe_events_at(1_000 + k * 60_000, &[0]);
+            p.observe_events_at(11_000 + k * 60_000, &[1]);
         }
-        assert!(p.poll_ns() > 0);
-        assert_eq!(p.nap_ns(), 0);
-        // 60 us intervals, but naps that cost 20 us of CPU: still worth it.
-        let mut p = PollPolicy::new(PollMode::Adaptive, PollParams::default(), 1);
-        calibrate(&mut p);
-        p.set_nap_cpu_ns(20_000);
-        for _ in 0..200 {
-            let w = p.poll_ns();
-            p.update(30_000, &[0], w >= 30_000);
-        }
-        assert!(p.nap_ns() > 0);
-        // ...but not when a nap costs as much CPU as spinning through it.
-        p.set_nap_cpu_ns(40_000);
-        assert_eq!(p.nap_ns(), 0);
-        // Other modes never nap.
+        let last_completion = 1_000 + 99 * 60_000;
+        p.observe_events_at(last_completion, &[0]);
+        // Right after a completion the kick is 10 us away: no nap.
+        assert_eq!(p.nap_at(last_completion + 1_000), 0);
+        // Right after the kick, the next completion is ~50 us away.
+        p.observe_events_at(last_completion + 10_000, &[1]);
+        let nap = p.nap_at(last_completion + 11_000);
+        assert!((41_000..=43_000).contains(&nap), "nap {nap}");
+        // A source active but without an estimate yet: no nap.
+        let mut p = calibrated(2);
+        let t = rhythm(&mut p, 0, 1_000, 30_000, 50);
+        p.observe_events_at(t + 1_000, &[1]);
+        assert_eq!(p.nap_at(t + 2_000), 0);
+        // A source silent for longer than the horizon no longer counts, and a
+        // gap that long is not learnt.
+        let mut p = calibrated(2);
+        let t = rhythm(&mut p, 0, 1_000, 30_000, 50);
+        let t2 = rhythm(&mut p, 1, t + 10 * NAP_HORIZON_NS, 40_000, 50);
+        assert!(p.nap_at(t2 + 1_000) > 20_000);
+        // ...but a nap costing as much CPU as spinning through it is not taken.
+        p.set_nap_cpu_ns(60_000);
+        assert_eq!(p.nap_at(t2 + 1_000), 0);
+        // Other modes, and poll-max-ns=0, never nap.
         for mode in [
             PollMode::Classic,
             PollMode::Weighted,
@@ -1941,11 +2031,19 @@ mod tests {
             PollMode::Off,
         ] {
             let mut p = PollPolicy::new(mode, PollParams::default(), 1);
-            for _ in 0..50 {
-                p.update(30_000, &[0], true);
-            }
-            assert_eq!(p.nap_ns(), 0, "{mode:?}");
+            let t = rhythm(&mut p, 0, 1_000, 30_000, 50);
+            assert_eq!(p.nap_at(t), 0, "{mode:?}");
         }
+        let mut p = PollPolicy::new(
+            PollMode::Adaptive,
+            PollParams {
+                poll_max_ns: 0,
+                ..Default::default()
+            },
+            1,
+        );
+        let t = rhythm(&mut p, 0, 1_000, 30_000, 50);
+        assert_eq!(p.nap_at(t), 0);
     }
 
     #[test]

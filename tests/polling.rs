@@ -146,3 +146,48 @@ fn a_queue_detached_during_a_nap_is_released_at_once() {
     assert!(naps > 100, "the thread napped only {naps} times");
     daemon.shutdown();
 }
+
+/// The null backend with `latency-ns` completes each request that long after
+/// submission, whether the thread sleeps (the timerfd wakes it), polls (the
+/// clock says it is due) or naps.
+#[test]
+fn null_latency_is_honoured_in_every_mode() {
+    for mode in [PollMode::Off, PollMode::Busy, PollMode::Adaptive] {
+        let dir = scratch(&format!("poll-latency-{mode:?}"));
+        let mut e = export(&dir, BackendKind::Null, 2, 32 << 20);
+        e.latency_ns = Some(2_000_000);
+        let mut cfg = ServeConfig {
+            exports: vec![e],
+            ..Default::default()
+        };
+        cfg.iothreads.count = 1;
+        cfg.iothreads.poll.poll = Some(mode);
+        let daemon = Daemon::start(&cfg).unwrap();
+        let mut c = Client::connect(&daemon.sockets()[0], 2).unwrap();
+        for q in 0..2 {
+            let t = Instant::now();
+            assert_eq!(c.read(q, 0, 0, 4096), 0);
+            let took = t.elapsed();
+            assert!(
+                took >= Duration::from_millis(2) && took < Duration::from_secs(2),
+                "{mode:?}: a 2 ms device answered in {took:?}"
+            );
+        }
+        // Sixteen in flight on one queue complete together, ~2 ms later.
+        let addr = c.region.addr;
+        let t = Instant::now();
+        for i in 0..16 {
+            let p = (addr + i * 4096) as *mut u8;
+            c.queues[0].read(i as u64 * 4096, p, 4096, i, blkio::ReqFlags::empty());
+        }
+        let done = Client::wait(&mut c.queues[0], 16);
+        assert!(done.iter().all(|&(_, ret)| ret == 0));
+        let took = t.elapsed();
+        assert!(
+            took >= Duration::from_millis(2) && took < Duration::from_millis(500),
+            "{mode:?}: 16 requests took {took:?}"
+        );
+        drop(c);
+        daemon.shutdown();
+    }
+}

@@ -74,14 +74,17 @@ pub struct Disk {
     pub logical_block_size: u32,
     /// Export is read-only.
     pub read_only: bool,
+    /// Null backend: completion latency in ns (0 = at once).
+    pub latency_ns: u64,
     /// The guest switched the cache to writethrough (CONFIG_WCE): writes are
     /// submitted with RWF_DSYNC.
     pub writethrough: AtomicBool,
 }
 
 impl Disk {
-    /// A null disk of `size` bytes.
-    pub fn null(size: u64, read_only: bool) -> Disk {
+    /// A null disk of `size` bytes whose requests complete `latency_ns` after
+    /// submission.
+    pub fn null(size: u64, read_only: bool, latency_ns: u64) -> Disk {
         Disk {
             file: None,
             kind: BackendKind::Null,
@@ -90,6 +93,7 @@ impl Disk {
             align: 1,
             logical_block_size: 512,
             read_only,
+            latency_ns,
             writethrough: AtomicBool::new(false),
         }
     }
@@ -157,6 +161,7 @@ impl Disk {
             align: if direct { lbs as usize } else { 1 },
             logical_block_size: lbs,
             read_only,
+            latency_ns: 0,
             writethrough: AtomicBool::new(false),
         })
     }
@@ -241,6 +246,8 @@ pub struct IoOp {
     /// Use FALLOC_FL_PUNCH_HOLE for write-zeroes (allowed to unmap, or the
     /// file system lacks ZERO_RANGE).
     pub punch: bool,
+    /// Null engine: complete this many ns after submission.
+    pub latency_ns: u64,
 }
 
 /// The result of an operation: bytes transferred, or `-errno`.
@@ -432,6 +439,7 @@ mod tests {
                 iovcnt: 1,
                 dsync: false,
                 punch: false,
+                latency_ns: 0,
             };
             assert_eq!(run(&mut engines, w), 8192, "{kind:?}");
             let f = IoOp {
@@ -442,6 +450,7 @@ mod tests {
                 iovcnt: 0,
                 dsync: false,
                 punch: false,
+                latency_ns: 0,
             };
             assert_eq!(run(&mut engines, f), 0);
             let z = IoOp {
