@@ -166,11 +166,11 @@ pub const POLL_IDLE_INTERVAL_NS: u64 = 7_000_000_000;
 /// sources plus the notification toggling costs about as much.
 pub const ADAPTIVE_MIN_POLL_NS: u64 = 1_000;
 
-/// Shortest hybrid-polling nap ([`PollPolicy::nap_ns`]).
+/// Shortest hybrid-polling nap ([`PollPolicy::nap_at`]).
 pub const MIN_NAP_NS: u64 = 1_000;
 
 /// CPU a nap must save over spinning through the same time, in ns, at least
-/// ([`PollPolicy::nap_ns`] also asks for a quarter of the nap's length): below
+/// ([`PollPolicy::nap_at`] also asks for a quarter of the nap's length): below
 /// this the risk of a late timer is not worth it.
 pub const MIN_NAP_SAVING_NS: u64 = 2_000;
 
