@@ -28,7 +28,7 @@ use vm_memory::{
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use crate::block::{Completion, Disk, Engine, Engines, IoKind, IoOp};
+use crate::block::{clock_ns, Completion, Disk, Engine, Engines, IoKind, IoOp};
 use crate::config::BackendKind;
 use crate::poll::{PollMode, PollParams, PollPolicy};
 use crate::stats::{IoThreadStats, QueueCounters};
@@ -507,7 +507,7 @@ impl IoThread {
         };
         let mut events = [EpollEvent::default(); 1];
         let mut late = Vec::with_capacity(NAPS as usize);
-        let cpu0 = thread_cpu_ns();
+        let cpu0 = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID);
         for _ in 0..NAPS {
             let t = Instant::now();
             if epoll_pwait2(&epoll, &mut events, NAP_NS).is_err() {
@@ -520,7 +520,7 @@ impl IoThread {
         late.sort_unstable();
         let (median, p90) = (late[late.len() / 2], late[late.len() * 9 / 10]);
         self.policy.set_nap_late(median, p90 - median);
-        let cpu = thread_cpu_ns().saturating_sub(cpu0) / NAPS;
+        let cpu = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID).saturating_sub(cpu0) / NAPS;
         self.policy.set_nap_cpu_ns(cpu);
         self.stats.nap_late_ns.set(self.policy.nap_late_ns());
         self.stats.nap_cpu_ns.set(cpu);
@@ -1344,17 +1344,6 @@ fn epoll_pwait2(epoll: &Epoll, events: &mut [EpollEvent], timeout_ns: u64) -> io
     } else {
         Ok(n as usize)
     }
-}
-
-/// CPU time of the calling thread, ns.
-fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a live, writable timespec; the clock id is valid.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// Host iovecs for guest segments; None if any byte is outside guest memory.

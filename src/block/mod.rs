@@ -316,6 +316,18 @@ pub fn fallocate_mode(op: &IoOp) -> i32 {
     }
 }
 
+/// The time of `clock` (CLOCK_MONOTONIC, CLOCK_THREAD_CPUTIME_ID...) in ns.
+pub fn clock_ns(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a live, writable timespec; an invalid clock id only
+    // makes the call fail (leaving 0).
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 /// The engines of one IOThread, created on first use.
 #[derive(Default)]
 pub struct Engines {

@@ -9,7 +9,7 @@ use std::collections::BinaryHeap;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
-use super::{Completion, Engine, IoKind, IoOp};
+use super::{clock_ns, Completion, Engine, IoKind, IoOp};
 
 /// Completes operations in the submitting IOThread, at once or when due.
 #[derive(Default)]
@@ -78,17 +78,6 @@ impl NullEngine {
     }
 }
 
-/// CLOCK_MONOTONIC in ns (the timerfd's clock).
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a live, writable timespec; the clock id is valid.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
 impl Engine for NullEngine {
     unsafe fn submit(&mut self, _fd: RawFd, op: &IoOp, token: u64) -> io::Result<()> {
         if op.kind == IoKind::Read {
@@ -111,7 +100,7 @@ impl Engine for NullEngine {
             if self.timer.is_none() {
                 self.timer = NullEngine::with_timer()?.timer;
             }
-            let due = monotonic_ns() + op.latency_ns;
+            let due = clock_ns(libc::CLOCK_MONOTONIC) + op.latency_ns;
             self.delayed.push(Reverse((due, token, result)));
         }
         Ok(())
@@ -125,7 +114,7 @@ impl Engine for NullEngine {
     fn reap(&mut self, out: &mut Vec<Completion>) {
         out.append(&mut self.done);
         if !self.delayed.is_empty() {
-            let now = monotonic_ns();
+            let now = clock_ns(libc::CLOCK_MONOTONIC);
             while let Some(Reverse((due, token, result))) = self.delayed.peek().copied() {
                 if due > now {
                     break;
@@ -142,7 +131,7 @@ impl Engine for NullEngine {
             || self
                 .delayed
                 .peek()
-                .is_some_and(|Reverse((due, _, _))| *due <= monotonic_ns())
+                .is_some_and(|Reverse((due, _, _))| *due <= clock_ns(libc::CLOCK_MONOTONIC))
     }
 
     fn notify_fd(&self) -> Option<RawFd> {
