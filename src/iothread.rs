@@ -285,6 +285,28 @@ impl QueueSlot {
     fn active(&self) -> bool {
         self.detach.is_none() && !self.broken
     }
+
+    /// Tells the guest it need not kick (EVENT_IDX: avail_event stays behind;
+    /// otherwise VRING_USED_F_NO_NOTIFY), unless that is already so: without
+    /// EVENT_IDX every toggle is a write to a guest cache line.
+    fn quiet(&mut self, mem: &GuestMem) -> Result<(), virtio_queue::Error> {
+        if self.notify {
+            self.queue.disable_notification(mem)?;
+            self.notify = false;
+        }
+        Ok(())
+    }
+
+    /// Asks the guest to kick again, unless it already does; true if requests
+    /// arrived while it did not.
+    fn arm(&mut self, mem: &GuestMem) -> Result<bool, virtio_queue::Error> {
+        if self.notify {
+            return Ok(false);
+        }
+        let more = self.queue.enable_notification(mem)?;
+        self.notify = true;
+        Ok(more)
+    }
 }
 
 /// An aligned buffer for O_DIRECT when guest buffers are not aligned.
@@ -571,12 +593,8 @@ impl IoThread {
                 continue;
             };
             let mem = q.mem.memory().into_inner();
-            if q.notify {
-                // Polling: the guest need not kick (EVENT_IDX: avail_event
-                // stays behind; otherwise VRING_USED_F_NO_NOTIFY).
-                let _ = q.queue.disable_notification(&*mem);
-                q.notify = false;
-            }
+            // Polling: the guest need not kick.
+            let _ = q.quiet(&mem);
             mems.push((slot, mem));
         }
         let mut spins = 0u32;
@@ -608,13 +626,12 @@ impl IoThread {
     /// received work meanwhile goes to `ready`.
     fn arm_notifications(&mut self, ready: &mut Vec<usize>) {
         for (slot, q) in self.queues.iter_mut().enumerate() {
-            let Some(q) = q.as_mut().filter(|q| q.active() && !q.notify) else {
+            let Some(q) = q.as_mut().filter(|q| q.active()) else {
                 continue;
             };
             let mem = q.mem.memory();
-            match q.queue.enable_notification(&*mem) {
+            match q.arm(&mem) {
                 Ok(more) => {
-                    q.notify = true;
                     if more {
                         ready.push(slot);
                     }
@@ -876,7 +893,7 @@ impl IoThread {
         let mem = q.mem.memory().into_inner();
         loop {
             let q = self.queues[slot].as_mut().unwrap();
-            if let Err(e) = q.queue.disable_notification(&*mem) {
+            if let Err(e) = q.quiet(&mem) {
                 self.break_queue(slot, e);
                 return;
             }
@@ -903,17 +920,12 @@ impl IoThread {
                     }
                 }
             }
-            let q = self.queues[slot].as_mut().unwrap();
             if !rearm {
-                q.notify = false;
                 break;
             }
-            match q.queue.enable_notification(&*mem) {
+            match self.queues[slot].as_mut().unwrap().arm(&mem) {
                 Ok(true) => continue, // more arrived while notifications were off
-                Ok(false) => {
-                    q.notify = true;
-                    break;
-                }
+                Ok(false) => break,
                 Err(e) => {
                     self.break_queue(slot, e);
                     return;
