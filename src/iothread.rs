@@ -429,7 +429,8 @@ impl IoThread {
                 break;
             }
             self.commanded = false;
-            let window = self.window();
+            let serving = self.serving();
+            let window = if serving { self.policy.poll_ns() } else { 0 };
             self.stats.poll_window_ns.set(window.min(i64::MAX as u64));
             let t0 = Instant::now();
             let mut completed = false;
@@ -438,7 +439,7 @@ impl IoThread {
             // Hybrid polling (adaptive): sleep through the part of the wait in
             // which no event is expected (notifications armed, as in any
             // sleep), then spin for the event the nap expected.
-            let nap = if self.serving() {
+            let nap = if serving {
                 self.policy.nap_at(self.clock_ns(t0))
             } else {
                 0

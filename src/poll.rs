@@ -536,8 +536,12 @@ impl PollPolicy {
     /// monotonic clock, > 0): their gap since the previous one feeds a
     /// mean/deviation estimator (gains 1/8 and 1/4, as TCP's RTT), unless it is
     /// longer than [`NAP_HORIZON_NS`] (an idle period). Duplicates and unknown
-    /// indexes are ignored.
+    /// indexes are ignored; other modes ignore the call.
     pub fn observe_events_at(&mut self, now_ns: u64, events: &[usize]) {
+        // Only adaptive naps use the rhythm: no work on other modes' passes.
+        if self.mode != PollMode::Adaptive {
+            return;
+        }
         for &i in events {
             let Some(s) = self.sources.get_mut(i) else {
                 continue;
