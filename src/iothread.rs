@@ -458,7 +458,7 @@ impl IoThread {
                 }
                 // A command handled during the nap (a queue to detach, say) is
                 // answered at the end of this pass: do not spin or sleep first.
-                if ready.is_empty() && !completed && !self.commanded {
+                if self.nothing_yet(&ready, completed) {
                     slept = false;
                     self.stats.poll_attempts.add(1);
                     let t = Instant::now();
@@ -472,11 +472,11 @@ impl IoThread {
                 // stranded (vhost-user: the guest kicks only if asked to).
                 self.arm_notifications(&mut ready);
             }
-            if !polled_hit && !slept && ready.is_empty() && !completed && !self.commanded {
+            if !polled_hit && !slept && self.nothing_yet(&ready, completed) {
                 let t = Instant::now();
                 // Until something real happens: a stale edge (see handle_events)
                 // is not a reason to run a pass.
-                while ready.is_empty() && !completed && !self.commanded && !self.stopping {
+                while self.nothing_yet(&ready, completed) && !self.stopping {
                     self.wait_events(-1, &mut events, &mut ready, &mut completed);
                 }
                 self.stats.sleep_ns.add(t.elapsed().as_nanos() as u64);
@@ -562,6 +562,12 @@ impl IoThread {
         } else {
             0
         }
+    }
+
+    /// Whether this pass has nothing to act on yet: no ring with work, no
+    /// completion, no command answered.
+    fn nothing_yet(&self, ready: &[usize], completed: bool) -> bool {
+        ready.is_empty() && !completed && !self.commanded
     }
 
     /// Whether any ring is being served (not stopping, some queue active).
@@ -662,7 +668,7 @@ impl IoThread {
         // First take the stale edges (kicks and completions that polling already
         // served) without sleeping: each would otherwise cost a wake-up.
         self.wait_events(0, events, ready, completed);
-        while ready.is_empty() && !*completed && !self.commanded {
+        while self.nothing_yet(ready, *completed) {
             let left = nap_ns.saturating_sub(start.elapsed().as_nanos() as u64);
             if left == 0 {
                 break;
