@@ -3,32 +3,24 @@
 //! KubeVirt).
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
 
 use anyhow::bail;
 use clap::Args;
 
 use crate::matrix::{size_label, Cell, Op, Setup};
-use crate::merit::{decide, CellMerit, Decision, Options};
-use crate::report::{fmt_mb, load, Study};
+use crate::merit::{decide, CellMerit, Decision};
+use crate::report::{fmt_mb, Study, StudyArgs};
 
 /// Options of `vqblk recommend`.
 #[derive(Debug, Clone, Args)]
 pub struct RecommendArgs {
-    /// Results file written by `vqblk sweep`.
-    #[arg(value_name = "RESULTS")]
-    pub results: PathBuf,
+    #[command(flatten)]
+    pub study: StudyArgs,
     /// The workloads that matter: operations (read, write, randread, randwrite),
     /// `oltp` (random reads and writes of 32k or less), `streaming` (sequential,
     /// 1m or more) or `all`; comma-separated.
     #[arg(long, default_value = "all")]
     pub workload: String,
-    /// Fraction of each cell's best throughput that is good enough.
-    #[arg(long, default_value_t = 0.9)]
-    pub threshold: f64,
-    /// Repeats whose relative range exceeds this are flagged noisy.
-    #[arg(long, default_value_t = 0.10)]
-    pub noise: f64,
     /// Virtqueues in the snippets (default: the sweep's).
     #[arg(long)]
     pub queues: Option<u32>,
@@ -270,13 +262,7 @@ pub fn snippets(k: u32, queues: u32, nproc: u32) -> String {
 
 /// `vqblk recommend`.
 pub fn run(args: RecommendArgs) -> anyhow::Result<i32> {
-    let study = load(
-        &args.results,
-        Options {
-            threshold: args.threshold,
-            noise: args.noise,
-        },
-    )?;
+    let study = args.study.load()?;
     let w = Workload::parse(&args.workload)?;
     let cells: Vec<(Cell, &CellMerit)> = study
         .merits
@@ -287,10 +273,10 @@ pub fn run(args: RecommendArgs) -> anyhow::Result<i32> {
     if cells.is_empty() {
         bail!("--workload {}: no measured cell matches", w.name);
     }
-    let d = decide(&cells, args.threshold);
+    let d = decide(&cells, args.study.threshold);
     let h = study.results.header();
     let mut o = String::new();
-    let _ = writeln!(o, "vqblk recommend: {}", args.results.display());
+    let _ = writeln!(o, "vqblk recommend: {}", args.study.results.display());
     if let Some(h) = h {
         let _ = writeln!(o, "storage: {}", h.storage.describe());
         let _ = writeln!(
@@ -311,9 +297,9 @@ pub fn run(args: RecommendArgs) -> anyhow::Result<i32> {
         cells.len(),
         study.merits.len(),
         sizes.join(", "),
-        args.threshold * 100.0
+        args.study.threshold * 100.0
     );
-    o.push_str(&reasoning(&study, &cells, &d, args.threshold));
+    o.push_str(&reasoning(&study, &cells, &d, args.study.threshold));
     let Some(k) = d.count else {
         bail!("no IOThread count was measured for every selected cell");
     };
@@ -328,7 +314,7 @@ pub fn run(args: RecommendArgs) -> anyhow::Result<i32> {
         let _ = writeln!(
             o,
             "Decision: {what}: the fewest with which every selected cell reaches {:.0}% of its best.",
-            args.threshold * 100.0
+            args.study.threshold * 100.0
         );
     } else {
         let c = d
@@ -340,7 +326,7 @@ pub fn run(args: RecommendArgs) -> anyhow::Result<i32> {
             o,
             "Decision: {k} IOThread(s): no measured count gets every selected cell to {:.0}% of its best \
              (throughput is not monotonic in the IOThread count here); {k} gets the worst cell closest ({:.0}%, {}).",
-            args.threshold * 100.0,
+            args.study.threshold * 100.0,
             c.worst * 100.0,
             c.worst_cell
         );
@@ -350,7 +336,7 @@ pub fn run(args: RecommendArgs) -> anyhow::Result<i32> {
             o,
             "Caution: {noisy} of the {} cells are noisy (repeats differ by more than {:.0}%); re-run with longer --runtime or more --repeats before relying on small differences.",
             cells.len(),
-            args.noise * 100.0
+            args.study.noise * 100.0
         );
     }
     let queues = args.queues.or(h.map(|h| h.queues)).unwrap_or(k.max(1));

@@ -39,24 +39,45 @@ impl Format {
     }
 }
 
-/// Options of `vqblk report`.
+/// What `vqblk report` and `vqblk recommend` both read: the results and how
+/// to judge them.
 #[derive(Debug, Clone, Args)]
-pub struct ReportArgs {
+pub struct StudyArgs {
     /// Results file written by `vqblk sweep`.
     #[arg(value_name = "RESULTS")]
     pub results: PathBuf,
+    /// Fraction of each cell's best throughput that counts as reaching it.
+    #[arg(long, default_value_t = 0.9)]
+    pub threshold: f64,
+    /// Repeats whose relative range exceeds this are flagged noisy.
+    #[arg(long, default_value_t = 0.10)]
+    pub noise: f64,
+}
+
+impl StudyArgs {
+    /// Reads and judges the results file.
+    pub fn load(&self) -> anyhow::Result<Study> {
+        load(
+            &self.results,
+            Options {
+                threshold: self.threshold,
+                noise: self.noise,
+            },
+        )
+    }
+}
+
+/// Options of `vqblk report`.
+#[derive(Debug, Clone, Args)]
+pub struct ReportArgs {
+    #[command(flatten)]
+    pub study: StudyArgs,
     /// Output format (default: markdown on stdout; with --out, every format).
     #[arg(long, value_enum)]
     pub format: Option<Format>,
     /// Directory to write report.{md,csv,json,html} into.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
-    /// Fraction of best that counts as reaching it.
-    #[arg(long, default_value_t = 0.9)]
-    pub threshold: f64,
-    /// Repeats whose relative range exceeds this are flagged noisy.
-    #[arg(long, default_value_t = 0.10)]
-    pub noise: f64,
 }
 
 /// Per-setup extras of one cell, averaged over the repeats.
@@ -684,13 +705,7 @@ pub fn load(path: &std::path::Path, opts: Options) -> anyhow::Result<Study> {
 
 /// `vqblk report`.
 pub fn run(args: ReportArgs) -> anyhow::Result<i32> {
-    let study = load(
-        &args.results,
-        Options {
-            threshold: args.threshold,
-            noise: args.noise,
-        },
-    )?;
+    let study = args.study.load()?;
     match &args.out {
         None => print!(
             "{}",
