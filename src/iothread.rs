@@ -1217,7 +1217,18 @@ impl IoThread {
             inf.done += c.result as u64;
             if inf.done < inf.op.len {
                 if c.result == 0 {
-                    st = status::IOERR; // end of file: the image shrank under us
+                    // End of file: the image shrank under us.
+                    if self.warn.allow() {
+                        warn!(
+                            "{}: {:?} at offset {} ended after {} of {} bytes",
+                            self.queues[inf.slot].as_ref().unwrap().device.name,
+                            inf.op.kind,
+                            inf.op.offset,
+                            inf.done,
+                            inf.op.len
+                        );
+                    }
+                    st = status::IOERR;
                 } else {
                     // Short transfer: resubmit the rest.
                     advance(&mut inf.iov, c.result as usize);

@@ -38,6 +38,9 @@ pub fn export(dir: &Path, backend: BackendKind, queues: u16, size: u64) -> Expor
 
 /// Starts a daemon with one export over `iothreads` IOThreads.
 pub fn start(e: ExportConfig, iothreads: usize) -> Daemon {
+    // The daemon's warnings (a failed request names its errno) go to stderr,
+    // so that a rare failure in CI says why.
+    let _ = vqblk::cli::init_logging("warn");
     let mut cfg = ServeConfig {
         exports: vec![e],
         ..Default::default()
