@@ -16,7 +16,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve disk images over vhost-user-blk.
-    Serve(Box<vqblk::cli::ServeArgs>),
+    Serve(Box<vqblk_daemon::cli::ServeArgs>),
     /// Drive a vhost-user-blk socket or a plain file the way fio does.
     Bench(Box<vqblk_bench::BenchArgs>),
     /// Run the IOThread study (every IOThread count x workload cell) and record the results.
@@ -37,7 +37,7 @@ fn exit_code(what: &str, r: anyhow::Result<i32>) -> i32 {
 fn main() {
     let cli = Cli::parse();
     let code = match cli.command {
-        Command::Serve(args) => vqblk::cli::run_serve(*args),
+        Command::Serve(args) => vqblk_daemon::cli::run_serve(*args),
         Command::Bench(args) => exit_code("bench", vqblk_bench::run(*args)),
         Command::Sweep(args) => exit_code("sweep", vqblk_study::run_sweep(*args)),
         Command::Report(args) => exit_code("report", vqblk_study::run_report(*args)),

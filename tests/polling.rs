@@ -10,9 +10,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use common::*;
-use vqblk::config::{BackendKind, ServeConfig};
-use vqblk::daemon::Daemon;
-use vqblk::poll::PollMode;
+use vqblk_daemon::config::{BackendKind, ServeConfig};
+use vqblk_daemon::daemon::Daemon;
+use vqblk_daemon::poll::PollMode;
 
 /// The tests of this file run one at a time: busy-polling IOThreads of one
 /// would take the CPUs another's adaptive thread measures its nap cost on

@@ -4,8 +4,8 @@
 mod common;
 
 use common::*;
-use vqblk::config::BackendKind;
-use vqblk::mapping::VirtqueueMap;
+use vqblk_daemon::config::BackendKind;
+use vqblk_daemon::mapping::VirtqueueMap;
 
 const BACKENDS: [BackendKind; 3] = [
     BackendKind::IoUring,
@@ -296,11 +296,11 @@ fn start_errors_are_clear() {
     let dir = scratch("errors");
     std::fs::write(dir.join("disk.sock"), b"not a socket").unwrap();
     let mut e = export(&dir, BackendKind::Null, 1, SIZE);
-    let mut cfg = vqblk::config::ServeConfig {
+    let mut cfg = vqblk_daemon::config::ServeConfig {
         exports: vec![e.clone()],
         ..Default::default()
     };
-    let msg = vqblk::daemon::Daemon::start(&cfg)
+    let msg = vqblk_daemon::daemon::Daemon::start(&cfg)
         .err()
         .unwrap()
         .to_string();
@@ -309,7 +309,7 @@ fn start_errors_are_clear() {
     e.create = None;
     e.socket = dir.join("other.sock");
     cfg.exports = vec![e];
-    let msg = vqblk::daemon::Daemon::start(&cfg)
+    let msg = vqblk_daemon::daemon::Daemon::start(&cfg)
         .err()
         .unwrap()
         .to_string();

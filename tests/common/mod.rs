@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use blkio::{Blkio, Blkioq, Completion, MemoryRegion, ReqFlags};
-use vqblk::config::{BackendKind, CacheMode, ExportConfig, ServeConfig};
-use vqblk::daemon::Daemon;
+use vqblk_daemon::config::{BackendKind, CacheMode, ExportConfig, ServeConfig};
+use vqblk_daemon::daemon::Daemon;
 
 /// A scratch directory on a disk file system (O_DIRECT works there, unlike tmpfs).
 pub fn scratch(name: &str) -> PathBuf {
@@ -40,7 +40,7 @@ pub fn export(dir: &Path, backend: BackendKind, queues: u16, size: u64) -> Expor
 pub fn start(e: ExportConfig, iothreads: usize) -> Daemon {
     // The daemon's warnings (a failed request names its errno) go to stderr,
     // so that a rare failure in CI says why.
-    let _ = vqblk::cli::init_logging("warn");
+    let _ = vqblk_daemon::cli::init_logging("warn");
     let mut cfg = ServeConfig {
         exports: vec![e],
         ..Default::default()

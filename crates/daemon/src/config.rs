@@ -416,12 +416,12 @@ fn validate_export(i: usize, e: &ExportConfig, pool: usize) -> Result<ExportPlan
     let size = e
         .size
         .as_deref()
-        .map(|s| parse_size(s).map_err(|m| ConfigError::new(f("size"), m)))
+        .map(|s| parse_size(s).map_err(|m| ConfigError::new(f("size"), m.to_string())))
         .transpose()?;
     let create = e
         .create
         .as_deref()
-        .map(|s| parse_size(s).map_err(|m| ConfigError::new(f("create"), m)))
+        .map(|s| parse_size(s).map_err(|m| ConfigError::new(f("create"), m.to_string())))
         .transpose()?;
     for (name, v) in [("size", size), ("create", create)] {
         if let Some(v) = v {
@@ -505,30 +505,7 @@ fn validate_export(i: usize, e: &ExportConfig, pool: usize) -> Result<ExportPlan
     })
 }
 
-/// Parses a size with an optional binary suffix (K, M, G, T; "KiB" and "k" too).
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, suffix) = t.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a size (e.g. 512M, 4G)"))?;
-    let mult: u64 = match suffix
-        .trim()
-        .to_ascii_lowercase()
-        .trim_end_matches("ib")
-        .trim_end_matches('b')
-    {
-        "" => 1,
-        "k" => 1 << 10,
-        "m" => 1 << 20,
-        "g" => 1 << 30,
-        "t" => 1 << 40,
-        _ => return Err(format!("{s:?} has an unknown suffix (use K, M, G or T)")),
-    };
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("{s:?} is too large"))
-}
+use crate::size::parse_size;
 
 /// Parses a cpuset such as "0-2,5" into CPU numbers.
 pub fn parse_cpuset(s: &str) -> Result<Vec<usize>, String> {
