@@ -53,7 +53,7 @@ fn stress(mode: PollMode, backend: BackendKind) {
                     for i in 0..n {
                         let off = (rng.next() % 4096) * 4096;
                         let p = (addr + (w * 8 + i) * 4096) as *mut u8;
-                        if rng.next() % 2 == 0 {
+                        if rng.next().is_multiple_of(2) {
                             q.read(off, p, 4096, i, blkio::ReqFlags::empty());
                         } else {
                             q.write(off, p, 4096, i, blkio::ReqFlags::empty());

@@ -620,7 +620,7 @@ impl IoThread {
             }
             spins = spins.wrapping_add(1);
             // Reading the clock costs ~20 ns; look at it every few passes.
-            if spins % 8 == 0 && t0.elapsed().as_nanos() >= window as u128 {
+            if spins.is_multiple_of(8) && t0.elapsed().as_nanos() >= window as u128 {
                 break false;
             }
             std::hint::spin_loop();
@@ -1396,7 +1396,7 @@ fn guest_iovecs(mem: &GuestMem, segs: &[Segment]) -> Option<Vec<libc::iovec>> {
 
 fn aligned(iov: &[libc::iovec], align: usize) -> bool {
     iov.iter()
-        .all(|v| (v.iov_base as usize) % align == 0 && v.iov_len % align == 0)
+        .all(|v| (v.iov_base as usize).is_multiple_of(align) && v.iov_len % align == 0)
 }
 
 fn copy_from_guest(

@@ -50,7 +50,7 @@ pub fn parse_size(s: &str) -> Result<u64, SizeError> {
 /// Bytes as the shortest exact label: `1g`, `4k`, `512`.
 pub fn size_label(bytes: u64) -> String {
     for (unit, shift) in [("p", 50), ("t", 40), ("g", 30), ("m", 20), ("k", 10)] {
-        if bytes >= 1 << shift && bytes % (1 << shift) == 0 {
+        if bytes >= 1 << shift && bytes.is_multiple_of(1 << shift) {
             return format!("{}{unit}", bytes >> shift);
         }
     }

@@ -337,7 +337,7 @@ pub fn parse_size(s: &str) -> anyhow::Result<u64> {
 /// Bytes -> the shortest of `2k`, `4k`, `1m`, `512`.
 pub fn size_label(bytes: u64) -> String {
     for (unit, shift) in [("g", 30), ("m", 20), ("k", 10)] {
-        if bytes >= 1 << shift && bytes % (1 << shift) == 0 {
+        if bytes >= 1 << shift && bytes.is_multiple_of(1 << shift) {
             return format!("{}{unit}", bytes >> shift);
         }
     }

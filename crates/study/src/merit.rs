@@ -314,7 +314,7 @@ pub fn decide(cells: &[(Cell, &CellMerit)], threshold: f64) -> Decision {
             let frac = if best > 0.0 { v / best } else { 1.0 };
             covered += 1;
             sum += frac;
-            if worst.map_or(true, |(w, _)| frac < w) {
+            if worst.is_none_or(|(w, _)| frac < w) {
                 worst = Some((frac, *cell));
             }
         }

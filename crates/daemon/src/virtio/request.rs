@@ -278,7 +278,7 @@ where
     let in_len: u64 = writable.iter().map(|s| s.len as u64).sum();
 
     let check_rw = |data: &[Segment], len: u64| -> Result<(), RequestError> {
-        if len == 0 || len % SECTOR_SIZE != 0 {
+        if len == 0 || !len.is_multiple_of(SECTOR_SIZE) {
             return Err(RequestError::BadLength(len));
         }
         if data.len() > limits.seg_max as usize {
