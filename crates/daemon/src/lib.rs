@@ -14,6 +14,7 @@ pub mod daemon;
 pub mod iothread;
 pub mod mapping;
 pub mod poll;
+pub mod seccomp;
 pub mod size;
 pub mod stats;
 pub mod vhost_user;

@@ -1,0 +1,380 @@
+//! seccomp filters per thread kind, as Cloud Hypervisor and Firecracker install them.
+//!
+//! A thread installs its own filter once its setup is done (io_uring, epoll, eventfds,
+//! worker threads), so the filter allows only what the thread does while serving:
+//!
+//! | kind | thread | may, beyond the common set |
+//! |---|---|---|
+//! | [`ThreadKind::Control`] | `vqblk-ctl<E>`: one export's vhost-user messages | accept, send and receive on unix sockets (with fds), map and check guest memory (`fstat`, `fcntl` for memfd seals), eventfds |
+//! | [`ThreadKind::IoThread`] | `vqblk-iot<N>` | epoll, io_uring, eventfds and timerfds, synchronous file I/O fallbacks |
+//! | [`ThreadKind::Worker`] | `vqblk-iot<N>-w<K>` (backend `threads`) | positional vectored I/O, `fallocate`, `fdatasync` |
+//!
+//! The common set is what any Rust thread needs to run and log: memory management,
+//! futexes, signals' own bookkeeping, clocks, `write` to stderr, `close`, exit. Nothing
+//! opens a path, creates a socket, executes a program or changes credentials once a
+//! filter is on. The lists come from tracing the test suite (`strace -f -ff`, per
+//! thread name) and reading the code paths; `--seccomp log` lets an operator find a
+//! missing entry without a crash (the kernel logs the call, see `dmesg` / the audit log).
+//!
+//! With `--seccomp on` (the default) a forbidden call raises `SIGSYS`; the handler
+//! prints the thread and the system call number on stderr and ends the process
+//! (`_exit(159)`): a thread that does something it never does on its own is taken to be
+//! subverted, and continuing would be worse than stopping.
+
+use std::collections::BTreeMap;
+use std::sync::Once;
+
+use seccompiler::{BpfProgram, SeccompAction, SeccompFilter, SeccompRule, TargetArch};
+use serde::{Deserialize, Serialize};
+
+/// Whether and how seccomp filters are installed (`--seccomp`, `seccomp =` in TOML).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum SeccompMode {
+    /// Install the filters; a forbidden system call ends the process with a message.
+    #[default]
+    On,
+    /// Install the filters in log mode: forbidden calls are allowed and logged by the kernel.
+    Log,
+    /// No filters.
+    Off,
+}
+
+/// The kinds of thread that get a filter of their own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ThreadKind {
+    /// A per-export control thread: accepts the frontend and handles its messages.
+    Control,
+    /// An IOThread's event loop.
+    IoThread,
+    /// A blocking worker of the `threads` backend.
+    Worker,
+}
+
+/// A filter could not be built or installed.
+#[derive(Debug, thiserror::Error)]
+pub enum SeccompError {
+    /// seccompiler refused the rules (a bug here) or the kernel refused the filter.
+    #[error("seccomp filter for {kind:?} threads: {source}")]
+    Filter {
+        /// The thread kind whose filter failed.
+        kind: ThreadKind,
+        /// What went wrong.
+        source: seccompiler::Error,
+    },
+    /// The architecture has no system call table here.
+    #[error("seccomp: unsupported architecture {0}")]
+    Arch(&'static str),
+}
+
+/// What every thread needs: memory, futexes, signals' bookkeeping, clocks, logging, exit.
+const COMMON: &[libc::c_long] = &[
+    libc::SYS_brk,
+    libc::SYS_mmap,
+    libc::SYS_munmap,
+    libc::SYS_mremap,
+    libc::SYS_mprotect,
+    libc::SYS_madvise,
+    libc::SYS_futex,
+    libc::SYS_rt_sigprocmask,
+    libc::SYS_rt_sigreturn,
+    libc::SYS_sigaltstack,
+    libc::SYS_restart_syscall,
+    libc::SYS_sched_getaffinity,
+    libc::SYS_sched_yield,
+    libc::SYS_gettid,
+    libc::SYS_getpid,
+    libc::SYS_tgkill,
+    libc::SYS_clock_gettime,
+    libc::SYS_clock_nanosleep,
+    libc::SYS_nanosleep,
+    libc::SYS_getrandom,
+    libc::SYS_write,
+    libc::SYS_writev,
+    libc::SYS_close,
+    libc::SYS_exit,
+    libc::SYS_exit_group,
+];
+
+/// A control thread: the vhost-user conversation with one frontend.
+const CONTROL: &[libc::c_long] = &[
+    libc::SYS_accept4,
+    libc::SYS_recvmsg,
+    libc::SYS_sendmsg,
+    libc::SYS_sendto,
+    libc::SYS_recvfrom,
+    libc::SYS_read,
+    libc::SYS_poll,
+    libc::SYS_ppoll,
+    libc::SYS_fcntl,
+    libc::SYS_fstat,
+    libc::SYS_newfstatat,
+    libc::SYS_statx,
+    libc::SYS_lseek,
+    libc::SYS_eventfd2,
+    libc::SYS_shutdown,
+];
+
+/// An IOThread: its event loop, io_uring, eventfds and timers.
+const IOTHREAD: &[libc::c_long] = &[
+    libc::SYS_read,
+    libc::SYS_epoll_wait,
+    libc::SYS_epoll_pwait,
+    libc::SYS_epoll_pwait2,
+    libc::SYS_epoll_ctl,
+    libc::SYS_io_uring_enter,
+    libc::SYS_io_uring_register,
+    libc::SYS_eventfd2,
+    libc::SYS_timerfd_create,
+    libc::SYS_timerfd_settime,
+    libc::SYS_timerfd_gettime,
+    libc::SYS_preadv,
+    libc::SYS_pwritev,
+    libc::SYS_preadv2,
+    libc::SYS_pwritev2,
+    libc::SYS_fallocate,
+    libc::SYS_fdatasync,
+    libc::SYS_fsync,
+    libc::SYS_getrusage,
+];
+
+/// A worker of the `threads` backend: blocking file I/O.
+const WORKER: &[libc::c_long] = &[
+    libc::SYS_read,
+    libc::SYS_preadv,
+    libc::SYS_pwritev,
+    libc::SYS_preadv2,
+    libc::SYS_pwritev2,
+    libc::SYS_pread64,
+    libc::SYS_pwrite64,
+    libc::SYS_fallocate,
+    libc::SYS_fdatasync,
+    libc::SYS_fsync,
+];
+
+fn target_arch() -> Result<TargetArch, SeccompError> {
+    match std::env::consts::ARCH {
+        "x86_64" => Ok(TargetArch::x86_64),
+        "aarch64" => Ok(TargetArch::aarch64),
+        "riscv64" => Ok(TargetArch::riscv64),
+        other => Err(SeccompError::Arch(other)),
+    }
+}
+
+/// The system calls a thread of `kind` may make.
+pub fn allowed(kind: ThreadKind) -> Vec<libc::c_long> {
+    let own = match kind {
+        ThreadKind::Control => CONTROL,
+        ThreadKind::IoThread => IOTHREAD,
+        ThreadKind::Worker => WORKER,
+    };
+    let mut all: Vec<libc::c_long> = COMMON.iter().chain(own).copied().collect();
+    all.sort_unstable();
+    all.dedup();
+    all
+}
+
+/// Compiles the filter of `kind`, taking `mismatch` for any call not in [`allowed`].
+pub fn program(kind: ThreadKind, mismatch: SeccompAction) -> Result<BpfProgram, SeccompError> {
+    let rules: BTreeMap<i64, Vec<SeccompRule>> =
+        allowed(kind).into_iter().map(|nr| (nr, vec![])).collect();
+    let filter = SeccompFilter::new(rules, mismatch, SeccompAction::Allow, target_arch()?)
+        .map_err(|e| SeccompError::Filter {
+            kind,
+            source: seccompiler::Error::Backend(e),
+        })?;
+    filter.try_into().map_err(|e| SeccompError::Filter {
+        kind,
+        source: seccompiler::Error::Backend(e),
+    })
+}
+
+/// Installs the filter of `kind` on the calling thread (and the threads it starts later).
+pub fn apply(kind: ThreadKind, mode: SeccompMode) -> Result<(), SeccompError> {
+    let mismatch = match mode {
+        SeccompMode::Off => return Ok(()),
+        SeccompMode::Log => SeccompAction::Log,
+        SeccompMode::On => {
+            install_sigsys_handler();
+            SeccompAction::Trap
+        }
+    };
+    let prog = program(kind, mismatch)?;
+    seccompiler::apply_filter(&prog).map_err(|source| SeccompError::Filter { kind, source })?;
+    log::debug!("seccomp: {kind:?} filter installed ({mode:?})");
+    Ok(())
+}
+
+/// Offset of `si_syscall` in a SIGSYS `siginfo_t` on 64-bit Linux: three `int`s and
+/// padding (16 bytes), then `_sigsys { void *_call_addr; int _syscall; ... }`.
+const SI_SYSCALL_OFFSET: usize = 24;
+
+extern "C" fn on_sigsys(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+    // SAFETY: the kernel hands a SIGSYS handler a valid siginfo_t of the SIGSYS layout
+    // (installed with SA_SIGINFO), which is at least 128 bytes long; the int at offset 24
+    // is `si_syscall` on the 64-bit Linux ABIs this module supports.
+    let nr = unsafe {
+        (info as *const u8)
+            .add(SI_SYSCALL_OFFSET)
+            .cast::<i32>()
+            .read_unaligned()
+    };
+    let mut buf = [0u8; 160];
+    let mut len = 0;
+    let mut put = |bytes: &[u8]| {
+        let n = bytes.len().min(buf.len() - len);
+        buf[len..len + n].copy_from_slice(&bytes[..n]);
+        len += n;
+    };
+    put(b"vqblk: seccomp: thread ");
+    let mut name = [0u8; 16];
+    // SAFETY: prctl(PR_GET_NAME) writes at most 16 bytes into the buffer it is given,
+    // which is 16 bytes long; it is async-signal-safe (a plain system call).
+    unsafe { libc::prctl(libc::PR_GET_NAME, name.as_mut_ptr()) };
+    put(&name[..name.iter().position(|&b| b == 0).unwrap_or(16)]);
+    put(b" made forbidden system call ");
+    let mut digits = [0u8; 12];
+    let mut i = digits.len();
+    let mut v = nr.unsigned_abs();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    put(&digits[i..]);
+    put(b"; stopping (run with --seccomp log to find it)\n");
+    // SAFETY: write(2) and _exit(2) are async-signal-safe and both are in every thread's
+    // allowed set; the buffer is valid for `len` bytes.
+    unsafe {
+        libc::write(2, buf.as_ptr().cast(), len);
+        libc::_exit(159);
+    }
+}
+
+fn install_sigsys_handler() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: a zeroed sigaction is a valid starting value; the handler only makes
+        // async-signal-safe calls (prctl, write, _exit) on stack buffers.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_sigsys as *const () as usize;
+            sa.sa_flags = libc::SA_SIGINFO;
+            libc::sigemptyset(&mut sa.sa_mask);
+            if libc::sigaction(libc::SIGSYS, &sa, std::ptr::null_mut()) != 0 {
+                log::warn!(
+                    "seccomp: cannot install the SIGSYS handler: {}",
+                    std::io::Error::last_os_error()
+                );
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs `f` in a fresh thread under `kind`'s filter, with forbidden calls failing
+    /// with EPERM instead of stopping the test process.
+    fn under_filter<T: Send + 'static>(kind: ThreadKind, f: fn() -> T) -> T {
+        std::thread::spawn(move || {
+            let prog = program(kind, SeccompAction::Errno(libc::EPERM as u32)).unwrap();
+            seccompiler::apply_filter(&prog).unwrap();
+            f()
+        })
+        .join()
+        .unwrap()
+    }
+
+    fn socket_errno() -> i32 {
+        // SAFETY: socket(2) with constant arguments; the fd, if any, is closed at once.
+        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) };
+        if fd >= 0 {
+            // SAFETY: fd was just returned by socket(2) and is owned here.
+            unsafe { libc::close(fd) };
+            return 0;
+        }
+        std::io::Error::last_os_error().raw_os_error().unwrap()
+    }
+
+    #[test]
+    fn no_thread_kind_may_open_files_sockets_or_exec() {
+        for kind in [
+            ThreadKind::Control,
+            ThreadKind::IoThread,
+            ThreadKind::Worker,
+        ] {
+            let a = allowed(kind);
+            for nr in [
+                libc::SYS_socket,
+                libc::SYS_connect,
+                libc::SYS_open,
+                libc::SYS_openat,
+                libc::SYS_execve,
+                libc::SYS_execveat,
+                libc::SYS_ptrace,
+                libc::SYS_setuid,
+                libc::SYS_mount,
+                libc::SYS_clone,
+                libc::SYS_clone3,
+                libc::SYS_fork,
+                libc::SYS_unlink,
+                libc::SYS_ioctl,
+            ] {
+                assert!(!a.contains(&nr), "{kind:?} allows {nr}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_forbidden_call_is_refused_and_allowed_ones_still_work() {
+        for kind in [
+            ThreadKind::Control,
+            ThreadKind::IoThread,
+            ThreadKind::Worker,
+        ] {
+            let (sock, file, write_ok) = under_filter(kind, || {
+                let sock = socket_errno();
+                let file = std::fs::File::open("/proc/self/status")
+                    .err()
+                    .and_then(|e| e.raw_os_error());
+                // SAFETY: writes zero bytes to stderr; only the return value is looked at.
+                let w = unsafe { libc::write(2, b"".as_ptr().cast(), 0) };
+                (sock, file, w == 0)
+            });
+            assert_eq!(sock, libc::EPERM, "{kind:?}: socket");
+            assert_eq!(file, Some(libc::EPERM), "{kind:?}: open");
+            assert!(write_ok, "{kind:?}: write");
+        }
+        // Without a filter the same calls succeed: the test can tell the difference.
+        assert_eq!(socket_errno(), 0);
+    }
+
+    #[test]
+    fn the_iothread_filter_keeps_its_event_loop_calls() {
+        let ok = under_filter(ThreadKind::IoThread, || {
+            let efd = vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK).unwrap();
+            efd.write(1).unwrap();
+            let ep = vmm_sys_util::epoll::Epoll::new().err();
+            (efd.read().unwrap(), ep.and_then(|e| e.raw_os_error()))
+        });
+        assert_eq!(ok.0, 1);
+        // epoll_create1 is done at thread setup, before the filter: refused after it.
+        assert_eq!(ok.1, Some(libc::EPERM));
+    }
+
+    #[test]
+    fn off_installs_nothing() {
+        let errno = std::thread::spawn(|| {
+            apply(ThreadKind::Worker, SeccompMode::Off).unwrap();
+            socket_errno()
+        })
+        .join()
+        .unwrap();
+        assert_eq!(errno, 0);
+    }
+}
