@@ -176,28 +176,7 @@ impl ServeArgs {
     }
 }
 
-/// Sets up logging as `ts level thread target: message` lines on stderr.
-pub fn init_logging(level: &str) -> Result<(), String> {
-    let filter: log::LevelFilter = level.parse().map_err(|_| {
-        format!("--log-level: {level:?} is not one of error, warn, info, debug, trace")
-    })?;
-    let _ = env_logger::Builder::new()
-        .filter_level(filter)
-        .format(|buf, r| {
-            let t = std::thread::current();
-            writeln!(
-                buf,
-                "{} level={} thread={} target={} msg={:?}",
-                buf.timestamp_millis(),
-                r.level(),
-                t.name().unwrap_or("?"),
-                r.target(),
-                r.args().to_string()
-            )
-        })
-        .try_init();
-    Ok(())
-}
+pub use crate::logging::init_logging;
 
 fn qemu_command_line(socket: &Path, queues: u16) -> String {
     format!(

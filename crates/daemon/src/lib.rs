@@ -12,6 +12,7 @@ pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod iothread;
+pub mod logging;
 pub mod mapping;
 pub mod poll;
 pub mod seccomp;
