@@ -1,0 +1,264 @@
+//! The adaptive window: learning, cover, gate and back-off.
+
+use super::*;
+
+/// Feeds `n` events of interval `t` through the simulation model.
+fn feed(p: &mut PollPolicy, t: u64, n: usize) -> SimResult {
+    simulate(p, &vec![t; n])
+}
+
+#[test]
+fn adaptive_starts_closed_and_opens_on_short_intervals() {
+    let mut p = adaptive();
+    assert_eq!(p.poll_ns(), 0);
+    // Only the first event, before any sample, is slept on: a wake-up would add
+    // 190% to an 8 us cycle, far above the IOPS budget.
+    let r = feed(&mut p, 8_000, 2);
+    assert_eq!((r.sleeps, r.hits), (1, 1));
+    assert!(p.poll_ns() >= 8_000, "{}", p.poll_ns());
+    // The first sample alone (after a sleep: 35 us measured, 20 us corrected)
+    // yields a cover of 3x the interval (mean + 4 x an initial deviation of half
+    // the mean).
+    let mut p = PollPolicy::new(PollMode::Adaptive, params(100_000, 0, 0, 0), 1);
+    p.update(20_000 + WAKEUP_LATENCY_NS, &[0], false);
+    assert_eq!(p.source_poll_ns(0), Some(60_000));
+    // A wait shorter than 4/3 of the wake-up loses only 3/4 of it.
+    let mut p = PollPolicy::new(PollMode::Adaptive, params(100_000, 0, 0, 0), 1);
+    p.update(4_000 + WAKEUP_LATENCY_NS, &[0], false);
+    assert_eq!(p.source_poll_ns(0), Some(3 * 4_750));
+    let mut p = adaptive();
+    let r = feed(&mut p, 8_000, 100);
+    assert_eq!(r.sleeps, 1);
+}
+
+#[test]
+fn adaptive_steady_short_intervals_are_covered_with_margin() {
+    let mut p = adaptive();
+    feed(&mut p, 8_000, 200);
+    let w = p.poll_ns();
+    assert!((8_000..=12_500).contains(&w), "window {w}");
+    assert_eq!(w, p.source_poll_ns(0).unwrap());
+    let r = feed(&mut p, 8_000, 1000);
+    assert_eq!(r.hits, 1000);
+    assert_eq!(r.poll_cpu_ns, 8_000_000);
+}
+
+#[test]
+fn adaptive_long_intervals_give_zero_window() {
+    let mut p = adaptive();
+    let r = feed(&mut p, 500_000, 100);
+    assert_eq!(p.poll_ns(), 0);
+    assert_eq!(r.poll_cpu_ns, 0, "never polled for intervals above max");
+    // After a short phase, a long phase closes the window again.
+    feed(&mut p, 8_000, 100);
+    assert!(p.poll_ns() > 0);
+    let r = feed(&mut p, 500_000, 100);
+    assert_eq!(p.poll_ns(), 0);
+    assert!(r.poll_cpu_ns <= 5 * 12_000, "wasted {}", r.poll_cpu_ns);
+}
+
+#[test]
+fn adaptive_jittery_and_bimodal_windows_are_bounded() {
+    let mut rng = Rng(7);
+    let mut p = adaptive();
+    for _ in 0..2000 {
+        let t = rng.range(4_000, 20_000);
+        simulate(&mut p, &[t]);
+        assert!(p.poll_ns() <= 32_768);
+    }
+    let w = p.poll_ns();
+    assert!((16_000..=32_768).contains(&w), "jitter 4-20 us: window {w}");
+
+    // Bimodal within range: covers the upper mode, capped by max.
+    let mut p = adaptive();
+    for i in 0..2000 {
+        simulate(&mut p, &[if i % 2 == 0 { 4_000 } else { 24_000 }]);
+        assert!(p.poll_ns() <= 32_768);
+    }
+    assert!(p.poll_ns() >= 24_000, "{}", p.poll_ns());
+
+    // Bimodal across max: the window covers the short mode only.
+    let mut p = adaptive();
+    for i in 0..2000 {
+        let t = if rng.chance(70) {
+            rng.range(6_000, 10_000)
+        } else {
+            300_000
+        };
+        simulate(&mut p, &[t]);
+        if i > 50 {
+            assert!(p.poll_ns() <= 20_000, "{}", p.poll_ns());
+        }
+    }
+}
+
+#[test]
+fn adaptive_backs_off_after_consecutive_misses_and_rearms() {
+    let mut p = adaptive();
+    feed(&mut p, 8_000, 200);
+    let full = p.poll_ns();
+    assert!(full >= 8_000);
+    // Polling misses: the window expired, the event came after a sleep.
+    let mut windows = vec![];
+    for _ in 0..6 {
+        let w = p.poll_ns();
+        p.update(200_000 + w, &[0], false);
+        windows.push(p.poll_ns());
+    }
+    // At a hit rate of ~1, three misses in a row are a surprise (odds < 1/64):
+    // the third halves the window, and each further miss halves it again.
+    assert_eq!(&windows[..2], &[full, full], "{windows:?}");
+    assert_eq!(windows[2], full / 2, "{windows:?}");
+    assert_eq!(windows[3], full / 4, "{windows:?}");
+    assert_eq!(windows[4], full / 8, "{windows:?}");
+    assert_eq!(
+        windows[5], 0,
+        "below {ADAPTIVE_MIN_POLL_NS} ns: not worth polling"
+    );
+    // Timeouts with no event count as misses too.
+    p.update(1_000_000, &[], false);
+    assert_eq!(p.poll_ns(), 0);
+    // A short interval (caught after a sleep) re-arms at once; two open the gate.
+    p.update(8_000 + WAKEUP_LATENCY_NS, &[0], false);
+    p.update(8_000 + WAKEUP_LATENCY_NS, &[0], false);
+    assert_eq!(p.poll_ns(), full);
+}
+
+#[test]
+fn adaptive_gate_closes_when_hits_are_rare() {
+    // 10% short intervals: polling would waste its window 9 times in 10.
+    let mut rng = Rng(3);
+    let trace: Vec<u64> = (0..5000)
+        .map(|_| if rng.chance(10) { 8_000 } else { 400_000 })
+        .collect();
+    let mut p = adaptive();
+    let r = simulate(&mut p, &trace);
+    let mut w = weighted(3, 0);
+    let rw = simulate(&mut w, &trace);
+    assert!(
+        r.poll_cpu_ns * 3 < rw.poll_cpu_ns,
+        "adaptive {r:?} weighted {rw:?}"
+    );
+}
+
+#[test]
+fn adaptive_idle_source_does_not_hold_the_window() {
+    let mut p = PollPolicy::new(PollMode::Adaptive, PollParams::default(), 2);
+    for _ in 0..100 {
+        p.update(25_000, &[0], true);
+    }
+    for _ in 0..100 {
+        p.update(3_000, &[1], true);
+    }
+    // Source 0 has been quiet for 300 us of waiting: only source 1 counts.
+    assert!(p.source_poll_ns(0).unwrap() >= 25_000);
+    let w = p.poll_ns();
+    assert!((3_000..=5_000).contains(&w), "{w}");
+    // Both active: the window is the larger cover.
+    p.update(3_000, &[0, 1], true);
+    assert_eq!(p.poll_ns(), 32_768);
+}
+
+#[test]
+fn adaptive_wakeup_correction_recovers_intervals_near_max() {
+    // 25 us intervals look like 40 us (> max) after a sleep; the correction
+    // recognizes them as pollable and the policy ends up catching them.
+    let mut p = adaptive();
+    feed(&mut p, 25_000, 50);
+    let r = feed(&mut p, 25_000, 100);
+    assert_eq!(r.hits, 100);
+}
+
+#[test]
+fn adaptive_params_are_used() {
+    let a = AdaptiveParams {
+        margin_pct: 100,
+        miss_limit: 5,
+        ..AdaptiveParams::default()
+    };
+    let mut p = adaptive().with_adaptive_params(a);
+    assert_eq!(p.adaptive_params(), a);
+    feed(&mut p, 8_000, 200);
+    let full = p.poll_ns();
+    assert!((15_000..=16_500).contains(&full), "margin 100%: {full}");
+    for _ in 0..4 {
+        p.update(full + 200_000, &[0], false);
+        assert_eq!(
+            p.poll_ns(),
+            full,
+            "miss_limit 5: no back-off before the fifth miss"
+        );
+    }
+    p.update(full + 200_000, &[0], false);
+    assert_eq!(p.poll_ns(), full / 2);
+    // A larger wake-up price makes polling pay at lower hit rates.
+    let cheap = AdaptiveParams {
+        wakeup_ns: 1_000,
+        latency_budget_pct: 100,
+        ..AdaptiveParams::default()
+    };
+    let dear = AdaptiveParams {
+        wakeup_ns: 50_000,
+        latency_budget_pct: 100,
+        ..AdaptiveParams::default()
+    };
+    let trace: Vec<u64> = (0..400)
+        .map(|i| if i % 2 == 0 { 8_000 } else { 300_000 })
+        .collect();
+    let mut p = adaptive().with_adaptive_params(cheap);
+    let r_cheap = simulate(&mut p, &trace);
+    let mut p = adaptive().with_adaptive_params(dear);
+    let r_dear = simulate(&mut p, &trace);
+    assert!(
+        r_dear.hits > 150 && r_cheap.hits < 20,
+        "{r_cheap:?} {r_dear:?}"
+    );
+}
+
+#[test]
+fn adaptive_run_of_misses_is_judged_against_the_hit_rate() {
+    // Intervals 20-60 us: about 30% are pollable. Runs of 3-5 misses are normal
+    // there and must not shrink the window below the pollable ones.
+    let mut rng = Rng(11);
+    let mut p = adaptive();
+    for _ in 0..2000 {
+        let t = rng.range(20_000, 60_000);
+        simulate(&mut p, &[t]);
+    }
+    let full = p.target_ns();
+    assert_eq!(full, 32_768);
+    for _ in 0..5 {
+        p.update(60_000 + WAKEUP_LATENCY_NS, &[0], false);
+    }
+    assert_eq!(
+        p.poll_ns(),
+        full,
+        "5 misses at a ~30% hit rate: not a surprise"
+    );
+}
+
+#[test]
+fn adaptive_latency_budget_keeps_polling_when_sleeping_costs_iops() {
+    // 30% of intervals pollable: polling wastes more CPU than the latency it
+    // saves (ski rental says sleep), but sleeping would cost ~11% IOPS.
+    let mut rng = Rng(5);
+    let trace: Vec<u64> = (0..5000).map(|_| rng.range(20_000, 60_000)).collect();
+    let mut p = adaptive();
+    let with_budget = simulate(&mut p, &trace);
+    let no_budget = AdaptiveParams {
+        latency_budget_pct: 100,
+        ..AdaptiveParams::default()
+    };
+    let mut p = adaptive().with_adaptive_params(no_budget);
+    let without = simulate(&mut p, &trace);
+    let pollable = trace.iter().filter(|&&t| t <= 32_768).count() as u64;
+    assert!(
+        with_budget.hits * 100 >= pollable * 95,
+        "{with_budget:?} of {pollable}"
+    );
+    assert!(
+        without.hits * 100 <= pollable * 20,
+        "{without:?} of {pollable}"
+    );
+    assert!(without.wasted_cpu_ns * 5 < with_budget.wasted_cpu_ns);
+}

@@ -1,0 +1,147 @@
+//! Adaptive naps: when to nap and how late a nap ends.
+
+use super::*;
+use crate::poll::nap::NAP_SAMPLE_CAP_NS;
+
+#[test]
+fn adaptive_naps_only_when_events_are_predictably_late() {
+    // Measured on the host: naps end 6 us late, +- 0.5, and cost 7 us of CPU.
+    let calibrated = |sources| {
+        let mut p = PollPolicy::new(PollMode::Adaptive, PollParams::default(), sources);
+        p.set_nap_late(6_000, 500);
+        p.set_nap_cpu_ns(7_000);
+        p
+    };
+    // A source with an event every `gap` ns, the last one at `t`.
+    let rhythm = |p: &mut PollPolicy, source: usize, start: u64, gap: u64, n: u64| {
+        for k in 0..n {
+            p.observe_events_at(start + k * gap, &[source]);
+        }
+        start + (n - 1) * gap
+    };
+    // Steady 30 us gaps (a device's latency), 2 us after the last event: nap
+    // until one overshoot (7 us) before the next: 30 - 2 - 7 = 21 us.
+    let mut p = calibrated(1);
+    let t = rhythm(&mut p, 0, 1_000, 30_000, 200);
+    let nap = p.nap_at(t + 2_000);
+    assert!((20_000..=21_500).contains(&nap), "nap {nap}");
+    // Past the predicted time: no nap.
+    assert_eq!(p.nap_at(t + 25_000), 0);
+    // The spin after a nap covers the timer's lateness and the spread.
+    assert!(
+        (7_000..=12_000).contains(&p.nap_spin_ns()),
+        "{}",
+        p.nap_spin_ns()
+    );
+    // Gaps beyond poll-max-ns (an 80 us device): the nap reaches past it,
+    // which the window never does.
+    let mut p = calibrated(1);
+    let t = rhythm(&mut p, 0, 1_000, 80_000, 200);
+    let nap = p.nap_at(t);
+    assert!((72_000..=73_500).contains(&nap), "nap {nap}");
+    assert!(p.nap_spin_ns() <= PollParams::default().poll_max_ns);
+    // Steady 10 us gaps: a 2-3 us nap would save too little for the risk.
+    let mut p = calibrated(1);
+    let t = rhythm(&mut p, 0, 1_000, 10_000, 200);
+    assert_eq!(p.nap_at(t), 0);
+    // Two sources: the earliest expected event bounds the nap. Completions
+    // every 60 us; kicks every 60 us, 10 us after each completion.
+    let mut p = calibrated(2);
+    for k in 0..99u64 {
+        p.observe_events_at(1_000 + k * 60_000, &[0]);
+        p.observe_events_at(11_000 + k * 60_000, &[1]);
+    }
+    let last_completion = 1_000 + 99 * 60_000;
+    p.observe_events_at(last_completion, &[0]);
+    // Right after a completion the kick is 10 us away: no nap.
+    assert_eq!(p.nap_at(last_completion + 1_000), 0);
+    // Right after the kick, the next completion is ~50 us away.
+    p.observe_events_at(last_completion + 10_000, &[1]);
+    let nap = p.nap_at(last_completion + 11_000);
+    assert!((41_000..=43_000).contains(&nap), "nap {nap}");
+    // A source active but without an estimate yet: no nap.
+    let mut p = calibrated(2);
+    let t = rhythm(&mut p, 0, 1_000, 30_000, 50);
+    p.observe_events_at(t + 1_000, &[1]);
+    assert_eq!(p.nap_at(t + 2_000), 0);
+    // A source silent for longer than the horizon no longer counts, and a
+    // gap that long is not learnt.
+    let mut p = calibrated(2);
+    let t = rhythm(&mut p, 0, 1_000, 30_000, 50);
+    let t2 = rhythm(&mut p, 1, t + 10 * NAP_HORIZON_NS, 40_000, 50);
+    assert!(p.nap_at(t2 + 1_000) > 20_000);
+    // ...but a nap costing as much CPU as spinning through it is not taken.
+    p.set_nap_cpu_ns(60_000);
+    assert_eq!(p.nap_at(t2 + 1_000), 0);
+    // Other modes, and poll-max-ns=0, never nap.
+    for mode in [
+        PollMode::Classic,
+        PollMode::Weighted,
+        PollMode::Busy,
+        PollMode::Off,
+    ] {
+        let mut p = PollPolicy::new(mode, PollParams::default(), 1);
+        let t = rhythm(&mut p, 0, 1_000, 30_000, 50);
+        assert_eq!(p.nap_at(t), 0, "{mode:?}");
+    }
+    let mut p = PollPolicy::new(
+        PollMode::Adaptive,
+        PollParams {
+            poll_max_ns: 0,
+            ..Default::default()
+        },
+        1,
+    );
+    let t = rhythm(&mut p, 0, 1_000, 30_000, 50);
+    assert_eq!(p.nap_at(t), 0);
+}
+
+#[test]
+fn nap_lateness_is_learnt_from_measured_naps() {
+    let mut p = PollPolicy::new(PollMode::Adaptive, PollParams::default(), 1);
+    // Unmeasured: the configured wake-up latency stands in.
+    assert_eq!(p.nap_late_ns(), AdaptiveParams::default().wakeup_ns);
+    assert_eq!(p.nap_cpu_ns(), DEFAULT_NAP_CPU_NS);
+    // The first sample sets the mean, with half of it as deviation.
+    p.observe_nap(10_000, 16_000);
+    assert_eq!(p.nap_late_ns(), 6_000 + 2 * 3_000);
+    // Steady samples: the deviation decays, the mean stays.
+    for _ in 0..100 {
+        p.observe_nap(10_000, 16_000);
+    }
+    assert!(
+        (6_000..=6_100).contains(&p.nap_late_ns()),
+        "{}",
+        p.nap_late_ns()
+    );
+    // The host gets slower: the estimate follows.
+    for _ in 0..100 {
+        p.observe_nap(10_000, 30_000);
+    }
+    assert!(
+        (20_000..=20_500).contains(&p.nap_late_ns()),
+        "{}",
+        p.nap_late_ns()
+    );
+    // A calibration sets both; samples then refine them.
+    p.set_nap_late(7_000, 1_000);
+    assert_eq!(p.nap_late_ns(), 9_000);
+    p.observe_nap(10_000, 17_000);
+    assert!(p.nap_late_ns() < 9_000);
+    // One preempted nap moves the estimate by a fraction of itself.
+    let before = p.nap_late_ns();
+    p.observe_nap(10_000, 900_000);
+    assert!(
+        p.nap_late_ns() < 3 * before,
+        "{} -> {}",
+        before,
+        p.nap_late_ns()
+    );
+    // A preempted first nap counts as at most 1 ms late; an early one as 1 ns.
+    let mut q = PollPolicy::new(PollMode::Adaptive, PollParams::default(), 1);
+    q.observe_nap(10_000, 5_000_000_000);
+    assert_eq!(q.nap_late_ns(), 2 * NAP_SAMPLE_CAP_NS);
+    let mut q = PollPolicy::new(PollMode::Adaptive, PollParams::default(), 1);
+    q.observe_nap(10_000, 9_000);
+    assert_eq!(q.nap_late_ns(), 1);
+}
