@@ -7,16 +7,19 @@
 //!
 //! Layers: [`options`] turns flags or a job file into [`options::JobSpec`]s; [`job`]
 //! generates offsets and directions; [`engine`] moves requests (libblkio or io_uring);
-//! [`runner`] runs one thread per job clone and collects [`runner::Report`]; [`stats`]
-//! and [`output`] turn it into fio's figures; [`verify`] checks data.
+//! [`runner`] runs one thread per job clone and collects a [`report::Report`]; [`stats`]
+//! and [`output`] turn it into fio's figures ([`units`] for numbers people read);
+//! [`verify`] checks data.
 
 pub mod cpu;
 pub mod engine;
 pub mod job;
 pub mod options;
 pub mod output;
+pub mod report;
 pub mod runner;
 pub mod stats;
+pub mod units;
 pub mod verify;
 
 use std::io::Write;

@@ -7,56 +7,12 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use crate::runner::{JobReport, Report};
+use crate::report::{JobReport, Report};
 use crate::stats::{DirStats, LatJson, LatStat, FIO_PERCENTILES};
+use crate::units::{human_bw, human_bytes, human_count};
 
 /// The `"fio version"` we report.
 pub const VERSION: &str = concat!("vqblk-bench-", env!("CARGO_PKG_VERSION"));
-
-/// Bytes per second as fio prints them: `196MiB/s`.
-pub fn human_bw(bytes_per_s: f64) -> String {
-    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = bytes_per_s;
-    let mut i = 0;
-    while v >= 1024.0 * 9.995 && i + 1 < units.len() {
-        v /= 1024.0;
-        i += 1;
-    }
-    format!("{}{}/s", three_digits(v), units[i])
-}
-
-/// A decimal count with fio's `k`/`M` suffixes: `50.1k`.
-pub fn human_count(n: f64) -> String {
-    let units = ["", "k", "M", "G"];
-    let mut v = n;
-    let mut i = 0;
-    while v >= 1000.0 * 9.995 / 10.0 && i + 1 < units.len() && v >= 1000.0 {
-        v /= 1000.0;
-        i += 1;
-    }
-    format!("{}{}", three_digits(v), units[i])
-}
-
-fn three_digits(v: f64) -> String {
-    if v >= 100.0 || v == v.trunc() && v < 1000.0 {
-        format!("{v:.0}")
-    } else if v >= 10.0 {
-        format!("{v:.1}")
-    } else {
-        format!("{v:.2}")
-    }
-}
-
-fn human_bytes(b: u64) -> String {
-    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut i = 0;
-    while v >= 1024.0 * 9.995 && i + 1 < units.len() {
-        v /= 1024.0;
-        i += 1;
-    }
-    format!("{}{}", three_digits(v), units[i])
-}
 
 /// Per-direction derived figures.
 struct Rates {
@@ -572,18 +528,4 @@ pub fn render_normal(r: &Report) -> String {
 pub struct PlanEcho<'a> {
     /// The jobs as parsed.
     pub jobs: &'a [crate::options::JobSpec],
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn human_units() {
-        assert_eq!(human_count(50123.0), "50.1k");
-        assert_eq!(human_count(999.0), "999");
-        assert_eq!(human_count(1_234_567.0), "1.23M");
-        assert_eq!(human_bw(205_520_896.0), "196MiB/s");
-        assert_eq!(human_bw(4096.0), "4096B/s");
-    }
 }
