@@ -105,7 +105,7 @@ fn create_len(jobs: &[JobSpec], target: &Target) -> Option<u64> {
 pub(super) fn clone_region(j: &JobSpec, k: u32, cap: u64, align: u64) -> Result<Region, RunError> {
     let start = j.offset + u64::from(k) * j.offset_increment;
     let fail = |what: String| Err(RunError::Config(format!("job '{}'{what}", j.name)));
-    if start % align != 0 {
+    if !start.is_multiple_of(align) {
         return fail(format!(
             ": offset {start} is not a multiple of {}'s block size {align}",
             j.target
@@ -153,7 +153,7 @@ pub(super) fn plan_clones(plan: &Plan, devices: &Devices) -> Result<Vec<JobClone
             .unwrap_or(0);
         let dev = &devices.list[di];
         let align = dev.request_alignment();
-        if j.bs % align != 0 {
+        if !j.bs.is_multiple_of(align) {
             return Err(RunError::Config(format!(
                 "job '{}': bs {} is not a multiple of {}'s block size {align}",
                 j.name, j.bs, j.target
@@ -171,12 +171,15 @@ pub(super) fn plan_clones(plan: &Plan, devices: &Devices) -> Result<Vec<JobClone
     Ok(clones)
 }
 
+/// Engines (one per clone) and descriptions of the targets they run on.
+type Started = (Vec<Box<dyn Engine>>, Vec<TargetInfo>);
+
 /// One engine per clone, in clone order, and a description of each target.
 pub(super) fn start_engines(
     plan: &Plan,
     clones: &[JobClone],
     devices: Devices,
-) -> Result<(Vec<Box<dyn Engine>>, Vec<TargetInfo>), RunError> {
+) -> Result<Started, RunError> {
     let mut engines: Vec<Option<Box<dyn Engine>>> = (0..clones.len()).map(|_| None).collect();
     let mut targets = Vec::new();
     for (di, dev) in devices.list.into_iter().enumerate() {
@@ -337,7 +340,10 @@ mod tests {
     #[test]
     fn create_len_covers_the_furthest_region() {
         let j = job(&[("size", "1m"), ("numjobs", "2"), ("offset_increment", "4m")]);
-        assert_eq!(create_len(&[j.clone()], &j.target), Some(5 << 20));
+        assert_eq!(
+            create_len(std::slice::from_ref(&j), &j.target),
+            Some(5 << 20)
+        );
         assert_eq!(create_len(&[job(&[])], &j.target), None);
     }
 
