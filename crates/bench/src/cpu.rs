@@ -30,6 +30,18 @@ impl CpuTimes {
     }
 }
 
+impl std::ops::Add for CpuTimes {
+    type Output = CpuTimes;
+
+    fn add(self, b: CpuTimes) -> CpuTimes {
+        CpuTimes {
+            user: self.user + b.user,
+            sys: self.sys + b.sys,
+            ctx: self.ctx + b.ctx,
+        }
+    }
+}
+
 fn tv(t: libc::timeval) -> Duration {
     Duration::from_secs(t.tv_sec.max(0) as u64) + Duration::from_micros(t.tv_usec.max(0) as u64)
 }

@@ -7,16 +7,22 @@
 //!
 //! Layers: [`options`] turns flags or a job file into [`options::JobSpec`]s; [`job`]
 //! generates offsets and directions; [`engine`] moves requests (libblkio or io_uring);
-//! [`runner`] runs one thread per job clone and collects [`runner::Report`]; [`stats`]
-//! and [`output`] turn it into fio's figures; [`verify`] checks data.
+//! [`runner`] runs one thread per job clone and collects a [`report::Report`]; [`stats`]
+//! and [`output`] turn it into fio's figures ([`units`] for numbers people read);
+//! [`verify`] checks data.
+
+#![deny(missing_docs)]
 
 pub mod cpu;
 pub mod engine;
 pub mod job;
 pub mod options;
 pub mod output;
+pub mod report;
 pub mod runner;
+pub mod server_stats;
 pub mod stats;
+pub mod units;
 pub mod verify;
 
 use std::io::Write;
@@ -317,7 +323,8 @@ pub fn run_to(
         OutputFormat::Json => {
             let mut v = serde_json::to_value(output::to_json(&report))?;
             if let (Some(a), Some(b)) = (stats0, stats1) {
-                v["vqblk"]["server_iothreads"] = iothread_delta(&a, &b);
+                v["vqblk"]["server_iothreads"] =
+                    serde_json::to_value(server_stats::iothread_delta(&a, &b))?;
             }
             let mut t = serde_json::to_string_pretty(&v)?;
             t.push('\n');
@@ -354,71 +361,7 @@ pub fn exit_code(result: &anyhow::Result<i32>) -> i32 {
     }
 }
 
-/// Asks a `vqblk serve` (SIGUSR1) to rewrite its stats file and reads it.
-/// None, with a warning, if that does not work: the counters are extra.
-fn server_stats(args: &BenchArgs) -> Option<serde_json::Value> {
-    let (path, pid) = (args.server_stats.as_ref()?, args.server_pid?);
-    let mtime = || std::fs::metadata(path).and_then(|m| m.modified()).ok();
-    let before = mtime();
-    // SAFETY: kill(2) with a pid and a signal number; no memory is involved.
-    if unsafe { libc::kill(pid as i32, libc::SIGUSR1) } != 0 {
-        eprintln!(
-            "vqblk bench: --server-stats: cannot signal {pid}: {}",
-            std::io::Error::last_os_error()
-        );
-        return None;
-    }
-    let t0 = std::time::Instant::now();
-    while mtime() == before && t0.elapsed() < std::time::Duration::from_secs(2) {
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-    match std::fs::read_to_string(path).map(|t| serde_json::from_str(&t)) {
-        Ok(Ok(v)) => Some(v),
-        _ => {
-            eprintln!(
-                "vqblk bench: --server-stats: cannot read {}",
-                path.display()
-            );
-            None
-        }
-    }
-}
-
-/// Per-IOThread counters accumulated between two stats snapshots.
-fn iothread_delta(a: &serde_json::Value, b: &serde_json::Value) -> serde_json::Value {
-    const FIELDS: [&str; 11] = [
-        "requests",
-        "errors",
-        "kick_wakeups",
-        "completion_wakeups",
-        "notifications",
-        "passes",
-        "poll_attempts",
-        "poll_hits",
-        "naps",
-        "poll_seconds",
-        "sleep_seconds",
-    ];
-    let empty = Vec::new();
-    let before = a["iothreads"].as_array().unwrap_or(&empty);
-    let threads = b["iothreads"].as_array().unwrap_or(&empty);
-    let out = threads
-        .iter()
-        .map(|t| {
-            let old = before.iter().find(|o| o["name"] == t["name"]);
-            let mut d = serde_json::json!({ "name": t["name"], "cpu_seconds": 0.0 });
-            for f in FIELDS.iter().chain(std::iter::once(&"cpu_seconds")) {
-                let now = t[*f].as_f64().unwrap_or(0.0);
-                let was = old.and_then(|o| o[*f].as_f64()).unwrap_or(0.0);
-                d[*f] = if t[*f].is_u64() {
-                    serde_json::json!((now - was).max(0.0) as u64)
-                } else {
-                    serde_json::json!((now - was).max(0.0))
-                };
-            }
-            d["poll_window_ns"] = t["poll_window_ns"].clone();
-            d
-        })
-        .collect();
-    serde_json::Value::Array(out)
+/// A snapshot of the server's own counters, with `--server-stats`.
+fn server_stats(args: &BenchArgs) -> Option<vqblk_daemon::stats::DaemonSnapshot> {
+    server_stats::snapshot(args.server_stats.as_ref()?, args.server_pid?)
 }

@@ -7,56 +7,12 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use crate::runner::{JobReport, Report};
+use crate::report::{JobReport, Report};
 use crate::stats::{DirStats, LatJson, LatStat, FIO_PERCENTILES};
+use crate::units::{human_bw, human_bytes, human_count};
 
 /// The `"fio version"` we report.
 pub const VERSION: &str = concat!("vqblk-bench-", env!("CARGO_PKG_VERSION"));
-
-/// Bytes per second as fio prints them: `196MiB/s`.
-pub fn human_bw(bytes_per_s: f64) -> String {
-    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = bytes_per_s;
-    let mut i = 0;
-    while v >= 1024.0 * 9.995 && i + 1 < units.len() {
-        v /= 1024.0;
-        i += 1;
-    }
-    format!("{}{}/s", three_digits(v), units[i])
-}
-
-/// A decimal count with fio's `k`/`M` suffixes: `50.1k`.
-pub fn human_count(n: f64) -> String {
-    let units = ["", "k", "M", "G"];
-    let mut v = n;
-    let mut i = 0;
-    while v >= 1000.0 * 9.995 / 10.0 && i + 1 < units.len() && v >= 1000.0 {
-        v /= 1000.0;
-        i += 1;
-    }
-    format!("{}{}", three_digits(v), units[i])
-}
-
-fn three_digits(v: f64) -> String {
-    if v >= 100.0 || v == v.trunc() && v < 1000.0 {
-        format!("{v:.0}")
-    } else if v >= 10.0 {
-        format!("{v:.1}")
-    } else {
-        format!("{v:.2}")
-    }
-}
-
-fn human_bytes(b: u64) -> String {
-    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut i = 0;
-    while v >= 1024.0 * 9.995 && i + 1 < units.len() {
-        v /= 1024.0;
-        i += 1;
-    }
-    format!("{}{}", three_digits(v), units[i])
-}
 
 /// Per-direction derived figures.
 struct Rates {
@@ -256,31 +212,31 @@ fn per_io_us(t: Duration, ios: u64) -> Value {
     }
 }
 
-/// The whole report in fio's JSON layout.
-pub fn to_json(r: &Report) -> FioJson {
-    let jobs: Vec<JobJson> = r
-        .jobs
-        .iter()
-        .map(|j| JobJson {
-            jobname: j.name.clone(),
-            groupid: j.groupid,
-            job_threads: j.threads,
-            error: i32::from(j.io_errors > 0),
-            error_text: j.error.clone(),
-            eta: 0,
-            elapsed: j.runtime.as_secs(),
-            job_options: job_options(j),
-            read: dir_json(&j.read, j.read_runtime),
-            write: dir_json(&j.write, j.write_runtime),
-            trim: dir_json(&DirStats::new(), Duration::ZERO),
-            job_runtime: j.runtime.as_millis() as u64,
-            usr_cpu: cpu_pct(j.cpu.user, j.runtime),
-            sys_cpu: cpu_pct(j.cpu.sys, j.runtime),
-            ctx: j.cpu.ctx,
-            majf: 0,
-            minf: 0,
-        })
-        .collect();
+/// One job (clone or group) in fio's JSON layout.
+fn job_json(j: &JobReport) -> JobJson {
+    JobJson {
+        jobname: j.name.clone(),
+        groupid: j.groupid,
+        job_threads: j.threads,
+        error: i32::from(j.io_errors > 0),
+        error_text: j.error.clone(),
+        eta: 0,
+        elapsed: j.runtime.as_secs(),
+        job_options: job_options(j),
+        read: dir_json(&j.read, j.read_runtime),
+        write: dir_json(&j.write, j.write_runtime),
+        trim: dir_json(&DirStats::new(), Duration::ZERO),
+        job_runtime: j.runtime.as_millis() as u64,
+        usr_cpu: cpu_pct(j.cpu.user, j.runtime),
+        sys_cpu: cpu_pct(j.cpu.sys, j.runtime),
+        ctx: j.cpu.ctx,
+        majf: 0,
+        minf: 0,
+    }
+}
+
+/// The `vqblk` object: what fio does not report.
+fn vqblk_json(r: &Report) -> Value {
     let ios = r.total_ios();
     let mut vq = json!({
         "version": VERSION,
@@ -294,72 +250,75 @@ pub fn to_json(r: &Report) -> FioJson {
     });
     if let Some(pid) = r.server_pid {
         vq["server_pid"] = json!(pid);
-        // Per server thread (for vqblk: each IOThread `vqblk-iotN`), threads
-        // that used CPU during the measured passes.
-        vq["server_threads"] = Value::Array(
-            r.server_threads
-                .iter()
-                .filter(|t| !t.cpu.is_zero())
-                .map(|t| {
-                    json!({
-                        "tid": t.tid,
-                        "name": t.name,
-                        "cpu_s": t.cpu.as_secs_f64(),
-                        "cpu_per_io_us": per_io_us(t.cpu, ios),
-                    })
-                })
-                .collect(),
-        );
-        match &r.server_cpu {
-            Some(Ok(t)) => {
-                vq["server_cpu_s"] = json!(t.total().as_secs_f64());
-                vq["server_usr_s"] = json!(t.user.as_secs_f64());
-                vq["server_sys_s"] = json!(t.sys.as_secs_f64());
-                vq["server_cpu_per_io_us"] = per_io_us(t.total(), ios);
-            }
-            Some(Err(e)) => {
-                vq["server_cpu_s"] = Value::Null;
-                vq["server_cpu_per_io_us"] = Value::Null;
-                vq["server_cpu_error"] = json!(e);
-            }
-            None => {}
-        }
+        server_json(r, ios, &mut vq);
     }
     if let Some(v) = &r.verify {
         vq["verify"] = serde_json::to_value(v).unwrap_or(Value::Null);
     }
+    vq
+}
+
+/// The server's CPU time, in all and per thread, into the `vqblk` object.
+fn server_json(r: &Report, ios: u64, vq: &mut Value) {
+    // Per server thread (for vqblk: each IOThread `vqblk-iotN`), threads
+    // that used CPU during the measured passes.
+    vq["server_threads"] = Value::Array(
+        r.server_threads
+            .iter()
+            .filter(|t| !t.cpu.is_zero())
+            .map(|t| {
+                json!({
+                    "tid": t.tid,
+                    "name": t.name,
+                    "cpu_s": t.cpu.as_secs_f64(),
+                    "cpu_per_io_us": per_io_us(t.cpu, ios),
+                })
+            })
+            .collect(),
+    );
+    match &r.server_cpu {
+        Some(Ok(t)) => {
+            vq["server_cpu_s"] = json!(t.total().as_secs_f64());
+            vq["server_usr_s"] = json!(t.user.as_secs_f64());
+            vq["server_sys_s"] = json!(t.sys.as_secs_f64());
+            vq["server_cpu_per_io_us"] = per_io_us(t.total(), ios);
+        }
+        Some(Err(e)) => {
+            vq["server_cpu_s"] = Value::Null;
+            vq["server_cpu_per_io_us"] = Value::Null;
+            vq["server_cpu_error"] = json!(e);
+        }
+        None => {}
+    }
+}
+
+/// The whole report in fio's JSON layout.
+pub fn to_json(r: &Report) -> FioJson {
     FioJson {
         fio_version: VERSION,
         timestamp: r.timestamp,
         timestamp_ms: r.timestamp_ms,
         time: ctime(r.timestamp),
         global_options: json!({}),
-        jobs,
-        vqblk: vq,
+        jobs: r.jobs.iter().map(job_json).collect(),
+        vqblk: vqblk_json(r),
     }
 }
 
-/// Local time as fio prints it (`Sat Nov 21 23:32:18 2026`).
+/// Local time as fio prints it (`Sat Nov 21 23:32:18 2026`), like ctime(3).
 fn ctime(secs: u64) -> String {
-    let t = secs as libc::time_t;
-    // SAFETY: an all-zero tm is a valid value of this plain C struct.
-    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
-    // SAFETY: both pointers are valid for the call; localtime_r is thread-safe.
-    if unsafe { libc::localtime_r(&t, &mut tm) }.is_null() {
-        return secs.to_string();
+    ctime_in(secs, &jiff::tz::TimeZone::system())
+}
+
+/// [`ctime`] in a given time zone; the seconds themselves if out of range.
+fn ctime_in(secs: u64, tz: &jiff::tz::TimeZone) -> String {
+    match i64::try_from(secs).map(jiff::Timestamp::from_second) {
+        Ok(Ok(t)) => t
+            .to_zoned(tz.clone())
+            .strftime("%a %b %e %H:%M:%S %Y")
+            .to_string(),
+        _ => secs.to_string(),
     }
-    let mut buf = [0u8; 64];
-    // SAFETY: the format is NUL-terminated, `buf` is writable for its length, and
-    // strftime writes at most that many bytes.
-    let n = unsafe {
-        libc::strftime(
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-            c"%a %b %e %H:%M:%S %Y".as_ptr(),
-            &tm,
-        )
-    };
-    String::from_utf8_lossy(&buf[..n]).into_owned()
 }
 
 /// Renders the JSON report as fio does (pretty-printed).
@@ -432,83 +391,108 @@ fn dir_block(out: &mut String, label: &str, d: &DirStats, runtime: Duration) {
 pub fn render_normal(r: &Report) -> String {
     let mut out = String::new();
     for j in &r.jobs {
-        let s = &j.spec;
-        let _ = writeln!(
-            out,
-            "{}: (g=0): rw={}, bs={}B, target={}, iodepth={}{}",
-            j.name,
-            s.rw.as_str(),
-            s.bs,
-            s.target,
-            s.iodepth,
-            if s.target.is_vhost_user() {
-                format!(", ioengine=libblkio, wait_mode={}", s.wait_mode.as_str())
-            } else {
-                format!(", ioengine=io_uring, direct={}", u8::from(s.direct))
-            }
-        );
+        job_header(&mut out, j);
     }
     for j in &r.jobs {
-        let _ = writeln!(
-            out,
-            "{}: (groupid={}, jobs={}): err={:>2}: pid={}",
-            j.name,
-            j.groupid,
-            j.threads,
-            i32::from(j.io_errors > 0),
-            std::process::id()
-        );
-        if let Some(e) = &j.error {
-            let _ = writeln!(out, "  error: {e} ({} failed requests)", j.io_errors);
-        }
-        dir_block(&mut out, "read", &j.read, j.read_runtime);
-        dir_block(&mut out, "write", &j.write, j.write_runtime);
-        let _ = writeln!(
-            out,
-            "  cpu          : usr={:.2}%, sys={:.2}%, ctx={}, majf=0, minf=0",
-            cpu_pct(j.cpu.user, j.runtime),
-            cpu_pct(j.cpu.sys, j.runtime),
-            j.cpu.ctx
-        );
-        let _ = writeln!(out);
+        job_block(&mut out, j);
     }
     let _ = writeln!(out, "Run status group 0 (all jobs):");
-    for (label, pick) in [("READ", 0usize), ("WRITE", 1)] {
-        let mut io = 0u64;
-        let mut run_min = u64::MAX;
-        let mut run_max = 0u64;
-        let mut bw_sum = 0.0;
-        for j in &r.jobs {
-            let (d, rt) = if pick == 0 {
-                (&j.read, j.read_runtime)
-            } else {
-                (&j.write, j.write_runtime)
-            };
-            if d.total_ios == 0 {
-                continue;
-            }
-            io += d.io_bytes;
-            let ms = rates(d, rt).runtime_ms;
-            run_min = run_min.min(ms);
-            run_max = run_max.max(ms);
-            bw_sum += rates(d, rt).bw_bytes;
-        }
-        if io == 0 {
-            continue;
-        }
-        let _ = writeln!(
-            out,
-            "{label:>7}: bw={} ({:.1}MB/s), io={} ({:.1}MB), run={}-{}msec",
-            human_bw(bw_sum),
-            bw_sum / 1e6,
-            human_bytes(io),
-            io as f64 / 1e6,
-            run_min,
-            run_max
-        );
-    }
-    let ios = r.total_ios();
+    group_status(
+        &mut out,
+        "READ",
+        r.jobs.iter().map(|j| (&j.read, j.read_runtime)),
+    );
+    group_status(
+        &mut out,
+        "WRITE",
+        r.jobs.iter().map(|j| (&j.write, j.write_runtime)),
+    );
     let _ = writeln!(out);
+    vqblk_lines(&mut out, r);
+    out
+}
+
+/// fio's first line for a job: what it does.
+fn job_header(out: &mut String, j: &JobReport) {
+    let s = &j.spec;
+    let _ = writeln!(
+        out,
+        "{}: (g=0): rw={}, bs={}B, target={}, iodepth={}{}",
+        j.name,
+        s.rw.as_str(),
+        s.bs,
+        s.target,
+        s.iodepth,
+        if s.target.is_vhost_user() {
+            format!(", ioengine=libblkio, wait_mode={}", s.wait_mode.as_str())
+        } else {
+            format!(", ioengine=io_uring, direct={}", u8::from(s.direct))
+        }
+    );
+}
+
+/// fio's block of results for a job: error, each direction, CPU.
+fn job_block(out: &mut String, j: &JobReport) {
+    let _ = writeln!(
+        out,
+        "{}: (groupid={}, jobs={}): err={:>2}: pid={}",
+        j.name,
+        j.groupid,
+        j.threads,
+        i32::from(j.io_errors > 0),
+        std::process::id()
+    );
+    if let Some(e) = &j.error {
+        let _ = writeln!(out, "  error: {e} ({} failed requests)", j.io_errors);
+    }
+    dir_block(out, "read", &j.read, j.read_runtime);
+    dir_block(out, "write", &j.write, j.write_runtime);
+    let _ = writeln!(
+        out,
+        "  cpu          : usr={:.2}%, sys={:.2}%, ctx={}, majf=0, minf=0",
+        cpu_pct(j.cpu.user, j.runtime),
+        cpu_pct(j.cpu.sys, j.runtime),
+        j.cpu.ctx
+    );
+    let _ = writeln!(out);
+}
+
+/// fio's group status line for one direction (nothing if no job moved data that way):
+/// the jobs' bandwidths added up, the shortest and longest run.
+fn group_status<'a>(
+    out: &mut String,
+    label: &str,
+    dirs: impl Iterator<Item = (&'a DirStats, Duration)>,
+) {
+    let mut io = 0u64;
+    let mut run_min = u64::MAX;
+    let mut run_max = 0u64;
+    let mut bw_sum = 0.0;
+    for (d, rt) in dirs.filter(|(d, _)| d.total_ios > 0) {
+        let r = rates(d, rt);
+        io += d.io_bytes;
+        run_min = run_min.min(r.runtime_ms);
+        run_max = run_max.max(r.runtime_ms);
+        bw_sum += r.bw_bytes;
+    }
+    if io == 0 {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "{label:>7}: bw={} ({:.1}MB/s), io={} ({:.1}MB), run={}-{}msec",
+        human_bw(bw_sum),
+        bw_sum / 1e6,
+        human_bytes(io),
+        io as f64 / 1e6,
+        run_min,
+        run_max
+    );
+}
+
+/// The `vqblk:` lines: targets, client and server CPU per I/O, verify results.
+fn vqblk_lines(out: &mut String, r: &Report) {
+    let ios = r.total_ios();
     for t in &r.targets {
         let _ = write!(
             out,
@@ -536,23 +520,21 @@ pub fn render_normal(r: &Report) -> String {
         per_io(r.client_cpu.total()),
         ios
     );
-    if let Some(pid) = r.server_pid {
-        match &r.server_cpu {
-            Some(Ok(t)) => {
-                let _ = writeln!(
-                    out,
-                    "vqblk: server cpu {:.3}s (usr {:.3}s, sys {:.3}s), {} us/io [pid {pid}]",
-                    t.total().as_secs_f64(),
-                    t.user.as_secs_f64(),
-                    t.sys.as_secs_f64(),
-                    per_io(t.total())
-                );
-            }
-            Some(Err(e)) => {
-                let _ = writeln!(out, "vqblk: server cpu unavailable: {e}");
-            }
-            None => {}
+    match (r.server_pid, &r.server_cpu) {
+        (Some(pid), Some(Ok(t))) => {
+            let _ = writeln!(
+                out,
+                "vqblk: server cpu {:.3}s (usr {:.3}s, sys {:.3}s), {} us/io [pid {pid}]",
+                t.total().as_secs_f64(),
+                t.user.as_secs_f64(),
+                t.sys.as_secs_f64(),
+                per_io(t.total())
+            );
         }
+        (Some(_), Some(Err(e))) => {
+            let _ = writeln!(out, "vqblk: server cpu unavailable: {e}");
+        }
+        _ => {}
     }
     if let Some(v) = &r.verify {
         let _ = writeln!(
@@ -564,7 +546,6 @@ pub fn render_normal(r: &Report) -> String {
             let _ = writeln!(out, "{m}");
         }
     }
-    out
 }
 
 /// Serialisable echo of a plan's jobs (for `--parse-only`).
@@ -579,11 +560,37 @@ mod tests {
     use super::*;
 
     #[test]
-    fn human_units() {
-        assert_eq!(human_count(50123.0), "50.1k");
-        assert_eq!(human_count(999.0), "999");
-        assert_eq!(human_count(1_234_567.0), "1.23M");
-        assert_eq!(human_bw(205_520_896.0), "196MiB/s");
-        assert_eq!(human_bw(4096.0), "4096B/s");
+    fn time_reads_like_ctime() {
+        let utc = jiff::tz::TimeZone::UTC;
+        assert_eq!(ctime_in(1_795_460_062, &utc), "Mon Nov 23 18:54:22 2026");
+        assert_eq!(ctime_in(0, &utc), "Thu Jan  1 00:00:00 1970");
+        let plus2 = jiff::tz::TimeZone::fixed(jiff::tz::offset(2));
+        assert_eq!(ctime_in(0, &plus2), "Thu Jan  1 02:00:00 1970");
+        assert_eq!(ctime_in(u64::MAX, &utc), u64::MAX.to_string());
+    }
+
+    fn dir(ios: u64) -> DirStats {
+        let mut d = DirStats::new();
+        for _ in 0..ios {
+            d.record(1 << 20, 1000, 2000);
+        }
+        d
+    }
+
+    #[test]
+    fn group_status_adds_bandwidth_and_spans_runtimes() {
+        let (a, b) = (dir(10), dir(30));
+        let mut out = String::new();
+        let runs = [(&a, Duration::from_secs(1)), (&b, Duration::from_secs(2))];
+        group_status(&mut out, "READ", runs.into_iter());
+        // 10 MiB/s + 15 MiB/s, 40 MiB, 1000-2000 ms.
+        assert_eq!(
+            out,
+            "   READ: bw=25MiB/s (26.2MB/s), io=40MiB (41.9MB), run=1000-2000msec\n"
+        );
+        let none = DirStats::new();
+        let mut out = String::new();
+        group_status(&mut out, "WRITE", [(&none, Duration::ZERO)].into_iter());
+        assert!(out.is_empty());
     }
 }

@@ -10,6 +10,7 @@ use std::os::unix::io::AsRawFd;
 use std::path::Path;
 
 use io_uring::{opcode, types, IoUring};
+use vmm_sys_util::ioctl::ioctl_with_mut_ref;
 
 use super::{Done, Engine, EngineError, Slots};
 use crate::job::Dir;
@@ -29,9 +30,34 @@ pub struct NativeDevice {
     pub direct: bool,
 }
 
-// BLKGETSIZE64 = _IOR(0x12, 114, size_t), BLKSSZGET = _IO(0x12, 104) (linux/fs.h).
-const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
-const BLKSSZGET: libc::c_ulong = 0x1268;
+/// Block device ioctls of linux/fs.h, numbered by vmm-sys-util's macros.
+mod blk {
+    // BLKGETSIZE64 = _IOR(0x12, 114, size_t): the device size in bytes.
+    vmm_sys_util::ioctl_ior_nr!(BLKGETSIZE64, 0x12, 114, libc::size_t);
+    // BLKSSZGET = _IO(0x12, 104): the logical block size, an int.
+    vmm_sys_util::ioctl_io_nr!(BLKSSZGET, 0x12, 104);
+}
+
+/// Size in bytes and logical block size of a block device.
+fn block_device_geometry(file: &File, target: &str) -> Result<(u64, u64), EngineError> {
+    let mut size: u64 = 0;
+    // SAFETY: BLKGETSIZE64 writes one u64 (size_t on 64-bit Linux) through the pointer,
+    // which points to `size`, valid and writable for the call.
+    let r = unsafe { ioctl_with_mut_ref(file, blk::BLKGETSIZE64(), &mut size) };
+    if r < 0 {
+        return Err(EngineError::os(
+            target,
+            "BLKGETSIZE64",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    let mut ssz: libc::c_int = 0;
+    // SAFETY: BLKSSZGET writes one int through the pointer, which points to `ssz`,
+    // valid and writable for the call.
+    let r = unsafe { ioctl_with_mut_ref(file, blk::BLKSSZGET(), &mut ssz) };
+    let ssz = if r < 0 || ssz <= 0 { 512 } else { ssz as u64 };
+    Ok((size, ssz))
+}
 
 impl NativeDevice {
     /// Opens `path` (`is_dev` for a block device). A regular file that does not exist is
@@ -87,21 +113,7 @@ impl NativeDevice {
         };
 
         let (capacity, request_alignment) = if is_dev {
-            let mut size: u64 = 0;
-            // SAFETY: BLKGETSIZE64 writes one u64 to the pointer, which is valid.
-            let r = unsafe { libc::ioctl(file.as_raw_fd(), BLKGETSIZE64, &mut size) };
-            if r < 0 {
-                return Err(EngineError::os(
-                    &target,
-                    "BLKGETSIZE64",
-                    std::io::Error::last_os_error(),
-                ));
-            }
-            let mut ssz: libc::c_int = 0;
-            // SAFETY: BLKSSZGET writes one int to the pointer, which is valid.
-            let r = unsafe { libc::ioctl(file.as_raw_fd(), BLKSSZGET, &mut ssz) };
-            let ssz = if r < 0 || ssz <= 0 { 512 } else { ssz as u64 };
-            (size, ssz)
+            block_device_geometry(&file, &target)?
         } else {
             let len = file
                 .metadata()
@@ -274,5 +286,24 @@ impl Engine for UringEngine {
                 Err(e) => return Err(EngineError::os(&self.target, "io_uring_enter", e)),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ioctl_numbers_match_linux_fs_h() {
+        // The values the kernel headers give on 64-bit Linux.
+        assert_eq!(blk::BLKGETSIZE64(), 0x8008_1272);
+        assert_eq!(blk::BLKSSZGET(), 0x1268);
+    }
+
+    #[test]
+    fn geometry_of_a_regular_file_is_refused() {
+        let f = tempfile::tempfile().unwrap();
+        let e = block_device_geometry(&f, "file:/tmp/x").unwrap_err();
+        assert!(e.to_string().contains("BLKGETSIZE64"), "{e}");
     }
 }

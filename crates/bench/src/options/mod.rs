@@ -1,4 +1,4 @@
-//! fio's option vocabulary: size and time suffixes, job files, and the job description
+//! fio's option vocabulary: time suffixes, job files, and the job description
 //! ([`JobSpec`]) that both the command line and a job file reduce to.
 //!
 //! Both sources go through the same path: a list of `key[=value]` pairs in the order they
@@ -10,6 +10,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Serialize;
+use vqblk_daemon::size::parse_size;
+
+mod job_file;
+pub use job_file::{jobs_from_sections, parse_job_file, Section};
 
 /// Default job name when the command line gives none (fio requires `--name`; we do not).
 pub const DEFAULT_JOB_NAME: &str = "bench";
@@ -62,28 +66,6 @@ fn invalid(key: &str, value: &str, expected: &str) -> OptionError {
         value: value.to_string(),
         expected: expected.to_string(),
     }
-}
-
-/// Parses a size with fio's suffixes: `k`, `m`, `g`, `t`, `p` (optionally followed by `b`
-/// or `ib`, any case) are powers of 1024, as with fio's default `kb_base=1024`.
-pub fn parse_size(s: &str) -> Option<u64> {
-    let t = s.trim();
-    let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    if digits_end == 0 {
-        return None;
-    }
-    let n: u64 = t[..digits_end].parse().ok()?;
-    let suffix = t[digits_end..].to_ascii_lowercase();
-    let shift = match suffix.as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        "t" | "tb" | "tib" => 40,
-        "p" | "pb" | "pib" => 50,
-        _ => return None,
-    };
-    n.checked_mul(1u64 << shift)
 }
 
 /// Parses a duration with fio's time suffixes (`us`, `ms`, `s`, `m`, `h`, `d`); a bare
@@ -420,167 +402,224 @@ fn parse_u32(key: &str, v: &str, min: u32, max: u32) -> Result<u32, OptionError>
     }
 }
 
+/// A size in the grammar shared with the daemon's flags and TOML
+/// ([`vqblk_daemon::size::parse_size`]: fio's suffixes, powers of 1024); the error
+/// names the option.
 fn parse_size_opt(key: &str, v: &str) -> Result<u64, OptionError> {
-    parse_size(v).ok_or_else(|| invalid(key, v, "a size such as 4096, 4k, 64m or 1g"))
+    parse_size(v).map_err(|_| invalid(key, v, "a size such as 4096, 4k, 64m or 1g"))
 }
 
 fn parse_time_opt(key: &str, v: &str) -> Result<Duration, OptionError> {
     parse_time(v).ok_or_else(|| invalid(key, v, "a time such as 10, 10s, 500ms or 2m"))
 }
 
+/// A job while its options are applied: every option lands in `spec` except the ways
+/// of naming the target, gathered in `parts` and resolved once all are known (until
+/// then `spec.target` is a placeholder).
+struct Draft {
+    spec: JobSpec,
+    parts: TargetParts,
+}
+
+impl Draft {
+    /// fio's defaults.
+    fn new(name: &str) -> Self {
+        Self {
+            spec: JobSpec {
+                name: name.to_string(),
+                target: Target::File(PathBuf::new()),
+                rw: RwMode::Read,
+                rwmixread: 50,
+                bs: 4096,
+                numjobs: 1,
+                iodepth: 1,
+                runtime: None,
+                ramp_time: Duration::ZERO,
+                time_based: false,
+                size: None,
+                offset: 0,
+                offset_increment: 0,
+                verify: VerifyMode::None,
+                direct: true,
+                wait_mode: WaitMode::Block,
+                queue_size: None,
+                randseed: DEFAULT_RANDSEED,
+                group_reporting: false,
+            },
+            parts: TargetParts::default(),
+        }
+    }
+
+    /// The job's name and target (ours or fio's spelling). False if `key` is not one.
+    fn target_option(
+        &mut self,
+        key: &str,
+        raw: &str,
+        v: Option<&str>,
+    ) -> Result<bool, OptionError> {
+        let p = &mut self.parts;
+        match key {
+            "name" => self.spec.name = need(raw, v)?.to_string(),
+            "target" => p.target = Some(Target::parse(raw, need(raw, v)?)?),
+            "filename" => p.filename = Some(PathBuf::from(need(raw, v)?)),
+            "libblkio_path" => p.libblkio_path = Some(PathBuf::from(need(raw, v)?)),
+            "ioengine" => p.ioengine = Some(need(raw, v)?.to_string()),
+            "libblkio_driver" => {
+                let d = need(raw, v)?;
+                if d != "virtio-blk-vhost-user" {
+                    return Err(invalid(raw, d, "virtio-blk-vhost-user"));
+                }
+            }
+            // We always run jobs as threads, which is what fio's `thread` asks for.
+            "thread" => {
+                if !parse_bool(raw, v)? {
+                    let v = v.unwrap_or("");
+                    return Err(invalid(raw, v, "1 (jobs always run as threads)"));
+                }
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// The I/O pattern, block size and parallelism. False if `key` is not one.
+    fn workload_option(
+        &mut self,
+        key: &str,
+        raw: &str,
+        v: Option<&str>,
+    ) -> Result<bool, OptionError> {
+        let s = &mut self.spec;
+        match key {
+            "rw" => {
+                let t = need(raw, v)?;
+                s.rw = RwMode::parse(t).ok_or_else(|| {
+                    invalid(
+                        raw,
+                        t,
+                        "read, write, randread, randwrite, randrw or readwrite",
+                    )
+                })?;
+            }
+            "rwmixread" => s.rwmixread = parse_u32(raw, need(raw, v)?, 0, 100)?,
+            "rwmixwrite" => s.rwmixread = 100 - parse_u32(raw, need(raw, v)?, 0, 100)?,
+            "bs" => {
+                let t = need(raw, v)?;
+                let n = parse_size_opt(raw, t)?;
+                if n == 0 || n % 512 != 0 {
+                    return Err(invalid(raw, t, "a non-zero multiple of 512 bytes"));
+                }
+                if n > 64 << 20 {
+                    return Err(invalid(raw, t, "at most 64m"));
+                }
+                s.bs = n;
+            }
+            "numjobs" => s.numjobs = parse_u32(raw, need(raw, v)?, 1, 1024)?,
+            "iodepth" => s.iodepth = parse_u32(raw, need(raw, v)?, 1, 65536)?,
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// How long and over which part of the target. False if `key` is not one.
+    fn extent_option(
+        &mut self,
+        key: &str,
+        raw: &str,
+        v: Option<&str>,
+    ) -> Result<bool, OptionError> {
+        let s = &mut self.spec;
+        match key {
+            "runtime" => {
+                let d = parse_time_opt(raw, need(raw, v)?)?;
+                s.runtime = if d.is_zero() { None } else { Some(d) };
+            }
+            "ramp_time" => s.ramp_time = parse_time_opt(raw, need(raw, v)?)?,
+            "time_based" => s.time_based = parse_bool(raw, v)?,
+            "size" => {
+                let t = need(raw, v)?;
+                let n = parse_size_opt(raw, t)?;
+                if n == 0 {
+                    return Err(invalid(raw, t, "a non-zero size"));
+                }
+                s.size = Some(n);
+            }
+            "offset" => s.offset = parse_size_opt(raw, need(raw, v)?)?,
+            "offset_increment" => s.offset_increment = parse_size_opt(raw, need(raw, v)?)?,
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// Verification, engine settings, seed and reporting. False if `key` is not one.
+    fn engine_option(
+        &mut self,
+        key: &str,
+        raw: &str,
+        v: Option<&str>,
+    ) -> Result<bool, OptionError> {
+        let s = &mut self.spec;
+        match key {
+            "verify" => {
+                let t = need(raw, v)?;
+                s.verify = match t {
+                    "crc32c" | "crc32c-intel" => VerifyMode::Crc32c,
+                    "0" | "none" => VerifyMode::None,
+                    _ => return Err(invalid(raw, t, "crc32c (or 0 for none)")),
+                };
+            }
+            "direct" => s.direct = parse_bool(raw, v)?,
+            "libblkio_wait_mode" => {
+                let t = need(raw, v)?;
+                s.wait_mode = match t {
+                    "block" => WaitMode::Block,
+                    "eventfd" => WaitMode::Eventfd,
+                    "loop" => WaitMode::Loop,
+                    _ => return Err(invalid(raw, t, "block, eventfd or loop")),
+                };
+            }
+            "queue_size" => {
+                let t = need(raw, v)?;
+                let n = parse_u32(raw, t, 1, 32768)?;
+                if !n.is_power_of_two() {
+                    return Err(invalid(raw, t, "a power of two from 1 to 32768"));
+                }
+                s.queue_size = Some(n);
+            }
+            "randseed" => {
+                let t = need(raw, v)?;
+                s.randseed = t
+                    .parse()
+                    .map_err(|_| invalid(raw, t, "an unsigned 64-bit integer"))?;
+            }
+            "group_reporting" => s.group_reporting = parse_bool(raw, v)?,
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+}
+
 impl JobSpec {
     /// Builds a job from options applied in order (later ones override earlier ones).
     /// `default_name` is used when no `name=` option is present.
     pub fn from_options(default_name: &str, opts: &[RawOption]) -> Result<Self, OptionError> {
-        let mut name = default_name.to_string();
-        let mut parts = TargetParts::default();
-        let mut rw = RwMode::Read;
-        let mut rwmixread = 50;
-        let mut bs = 4096;
-        let mut numjobs = 1;
-        let mut iodepth = 1;
-        let mut runtime = None;
-        let mut ramp_time = Duration::ZERO;
-        let mut time_based = false;
-        let mut size = None;
-        let mut offset = 0;
-        let mut offset_increment = 0;
-        let mut verify = VerifyMode::None;
-        let mut direct = true;
-        let mut wait_mode = WaitMode::Block;
-        let mut queue_size = None;
-        let mut randseed = DEFAULT_RANDSEED;
-        let mut group_reporting = false;
-
+        let mut d = Draft::new(default_name);
         for (raw_key, value) in opts {
             let key = canonical_key(raw_key);
             let v = value.as_deref();
-            match key.as_str() {
-                "name" => name = need(raw_key, v)?.to_string(),
-                "target" => parts.target = Some(Target::parse(raw_key, need(raw_key, v)?)?),
-                "filename" => parts.filename = Some(PathBuf::from(need(raw_key, v)?)),
-                "libblkio_path" => parts.libblkio_path = Some(PathBuf::from(need(raw_key, v)?)),
-                "ioengine" => parts.ioengine = Some(need(raw_key, v)?.to_string()),
-                "libblkio_driver" => {
-                    let d = need(raw_key, v)?;
-                    if d != "virtio-blk-vhost-user" {
-                        return Err(invalid(raw_key, d, "virtio-blk-vhost-user"));
-                    }
-                }
-                // We always run jobs as threads, which is what fio's `thread` asks for.
-                "thread" => {
-                    if !parse_bool(raw_key, v)? {
-                        return Err(invalid(
-                            raw_key,
-                            v.unwrap_or(""),
-                            "1 (jobs always run as threads)",
-                        ));
-                    }
-                }
-                "rw" => {
-                    let s = need(raw_key, v)?;
-                    rw = RwMode::parse(s).ok_or_else(|| {
-                        invalid(
-                            raw_key,
-                            s,
-                            "read, write, randread, randwrite, randrw or readwrite",
-                        )
-                    })?;
-                }
-                "rwmixread" => rwmixread = parse_u32(raw_key, need(raw_key, v)?, 0, 100)?,
-                "rwmixwrite" => rwmixread = 100 - parse_u32(raw_key, need(raw_key, v)?, 0, 100)?,
-                "bs" => {
-                    let s = need(raw_key, v)?;
-                    let n = parse_size_opt(raw_key, s)?;
-                    if n == 0 || n % 512 != 0 {
-                        return Err(invalid(raw_key, s, "a non-zero multiple of 512 bytes"));
-                    }
-                    if n > 64 << 20 {
-                        return Err(invalid(raw_key, s, "at most 64m"));
-                    }
-                    bs = n;
-                }
-                "numjobs" => numjobs = parse_u32(raw_key, need(raw_key, v)?, 1, 1024)?,
-                "iodepth" => iodepth = parse_u32(raw_key, need(raw_key, v)?, 1, 65536)?,
-                "runtime" => {
-                    let d = parse_time_opt(raw_key, need(raw_key, v)?)?;
-                    runtime = if d.is_zero() { None } else { Some(d) };
-                }
-                "ramp_time" => ramp_time = parse_time_opt(raw_key, need(raw_key, v)?)?,
-                "time_based" => time_based = parse_bool(raw_key, v)?,
-                "size" => {
-                    let s = need(raw_key, v)?;
-                    let n = parse_size_opt(raw_key, s)?;
-                    if n == 0 {
-                        return Err(invalid(raw_key, s, "a non-zero size"));
-                    }
-                    size = Some(n);
-                }
-                "offset" => offset = parse_size_opt(raw_key, need(raw_key, v)?)?,
-                "offset_increment" => {
-                    offset_increment = parse_size_opt(raw_key, need(raw_key, v)?)?
-                }
-                "verify" => {
-                    let s = need(raw_key, v)?;
-                    verify = match s {
-                        "crc32c" | "crc32c-intel" => VerifyMode::Crc32c,
-                        "0" | "none" => VerifyMode::None,
-                        _ => return Err(invalid(raw_key, s, "crc32c (or 0 for none)")),
-                    };
-                }
-                "direct" => direct = parse_bool(raw_key, v)?,
-                "libblkio_wait_mode" => {
-                    let s = need(raw_key, v)?;
-                    wait_mode = match s {
-                        "block" => WaitMode::Block,
-                        "eventfd" => WaitMode::Eventfd,
-                        "loop" => WaitMode::Loop,
-                        _ => return Err(invalid(raw_key, s, "block, eventfd or loop")),
-                    };
-                }
-                "queue_size" => {
-                    let s = need(raw_key, v)?;
-                    let n = parse_u32(raw_key, s, 1, 32768)?;
-                    if !n.is_power_of_two() {
-                        return Err(invalid(raw_key, s, "a power of two from 1 to 32768"));
-                    }
-                    queue_size = Some(n);
-                }
-                "randseed" => {
-                    let s = need(raw_key, v)?;
-                    randseed = s
-                        .parse()
-                        .map_err(|_| invalid(raw_key, s, "an unsigned 64-bit integer"))?;
-                }
-                "group_reporting" => group_reporting = parse_bool(raw_key, v)?,
-                _ => {
-                    return Err(OptionError::Unsupported {
-                        key: raw_key.clone(),
-                    })
-                }
+            let known = d.target_option(&key, raw_key, v)?
+                || d.workload_option(&key, raw_key, v)?
+                || d.extent_option(&key, raw_key, v)?
+                || d.engine_option(&key, raw_key, v)?;
+            if !known {
+                return Err(OptionError::Unsupported {
+                    key: raw_key.clone(),
+                });
             }
         }
-
         let spec = JobSpec {
-            name,
-            target: parts.resolve()?,
-            rw,
-            rwmixread,
-            bs,
-            numjobs,
-            iodepth,
-            runtime,
-            ramp_time,
-            time_based,
-            size,
-            offset,
-            offset_increment,
-            verify,
-            direct,
-            wait_mode,
-            queue_size,
-            randseed,
-            group_reporting,
+            target: d.parts.resolve()?,
+            ..d.spec
         };
         spec.check()?;
         Ok(spec)
@@ -647,185 +686,5 @@ impl JobSpec {
     }
 }
 
-/// One section of a job file, with its options in order.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Section {
-    /// Section name (`global` or a job name).
-    pub name: String,
-    /// Options in the order written.
-    pub options: Vec<RawOption>,
-}
-
-/// Parses fio's INI-like job file syntax: `[section]`, `key=value`, bare `key` (a boolean),
-/// comments starting with `#` or `;`.
-pub fn parse_job_file(text: &str) -> Result<Vec<Section>, OptionError> {
-    let mut sections: Vec<Section> = Vec::new();
-    for (i, raw) in text.lines().enumerate() {
-        let line = raw.trim();
-        if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
-            continue;
-        }
-        if let Some(rest) = line.strip_prefix('[') {
-            let name = rest
-                .strip_suffix(']')
-                .map(str::trim)
-                .filter(|n| !n.is_empty());
-            let Some(name) = name else {
-                return Err(OptionError::Syntax {
-                    line: i + 1,
-                    text: raw.to_string(),
-                });
-            };
-            sections.push(Section {
-                name: name.to_string(),
-                options: Vec::new(),
-            });
-            continue;
-        }
-        let Some(section) = sections.last_mut() else {
-            return Err(OptionError::Syntax {
-                line: i + 1,
-                text: raw.to_string(),
-            });
-        };
-        let (k, v) = match line.split_once('=') {
-            Some((k, v)) => (k.trim(), Some(v.trim().to_string())),
-            None => (line, None),
-        };
-        if k.is_empty() || k.contains(char::is_whitespace) {
-            return Err(OptionError::Syntax {
-                line: i + 1,
-                text: raw.to_string(),
-            });
-        }
-        section.options.push((k.to_string(), v));
-    }
-    Ok(sections)
-}
-
-/// Turns job file sections into job descriptions: each `[global]` section adds to the
-/// options inherited by the job sections after it; `extra_global` (command-line job
-/// options) is applied after the file's globals and before each section's own options.
-pub fn jobs_from_sections(
-    sections: &[Section],
-    extra_global: &[RawOption],
-) -> Result<Vec<JobSpec>, OptionError> {
-    let mut global: Vec<RawOption> = Vec::new();
-    let mut jobs = Vec::new();
-    for s in sections {
-        if s.name == "global" {
-            global.extend(s.options.iter().cloned());
-            continue;
-        }
-        let mut opts = global.clone();
-        opts.extend(extra_global.iter().cloned());
-        opts.extend(s.options.iter().cloned());
-        jobs.push(JobSpec::from_options(&s.name, &opts)?);
-    }
-    if jobs.is_empty() {
-        return Err(OptionError::Conflict(
-            "the job file defines no job (only [global] sections)".to_string(),
-        ));
-    }
-    Ok(jobs)
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn o(k: &str, v: &str) -> RawOption {
-        (k.to_string(), Some(v.to_string()))
-    }
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("4k"), Some(4096));
-        assert_eq!(parse_size("4K"), Some(4096));
-        assert_eq!(parse_size("4KiB"), Some(4096));
-        assert_eq!(parse_size("1m"), Some(1 << 20));
-        assert_eq!(parse_size("2g"), Some(2 << 30));
-        assert_eq!(parse_size("512"), Some(512));
-        assert_eq!(parse_size("k"), None);
-        assert_eq!(parse_size("4x"), None);
-        assert_eq!(parse_size("99999999999p"), None);
-    }
-
-    #[test]
-    fn times() {
-        assert_eq!(parse_time("10"), Some(Duration::from_secs(10)));
-        assert_eq!(parse_time("10s"), Some(Duration::from_secs(10)));
-        assert_eq!(parse_time("500ms"), Some(Duration::from_millis(500)));
-        assert_eq!(parse_time("2m"), Some(Duration::from_secs(120)));
-        assert_eq!(parse_time("s"), None);
-    }
-
-    #[test]
-    fn aliases_and_errors() {
-        let j = JobSpec::from_options(
-            "x",
-            &[
-                o("target", "file:/tmp/x"),
-                o("readwrite", "randrw"),
-                o("rwmixwrite", "30"),
-            ],
-        )
-        .unwrap();
-        assert_eq!(j.rw, RwMode::RandRw);
-        assert_eq!(j.rwmixread, 70);
-        let e = JobSpec::from_options("x", &[o("target", "file:/x"), o("bs", "1000")]).unwrap_err();
-        assert!(e.to_string().contains("'bs'"), "{e}");
-        let e = JobSpec::from_options("x", &[o("target", "file:/x"), o("bssplit", "4k/50")])
-            .unwrap_err();
-        assert_eq!(e.to_string(), "unsupported option 'bssplit'");
-        let e = JobSpec::from_options("x", &[o("target", "nbd:/x")]).unwrap_err();
-        assert!(e.to_string().contains("'target'"));
-    }
-
-    #[test]
-    fn job_file_inheritance() {
-        let text = "; comment\n[global]\ntarget=unix:/s.sock\nbs=8k\ntime_based\nruntime=5\n\n\
-                    [a]\nrw=randread\n[b]\nrw=write\nbs=4k\n";
-        let jobs = jobs_from_sections(&parse_job_file(text).unwrap(), &[]).unwrap();
-        assert_eq!(jobs.len(), 2);
-        assert_eq!(jobs[0].name, "a");
-        assert_eq!(jobs[0].bs, 8192);
-        assert!(jobs[0].time_based);
-        assert_eq!(jobs[1].bs, 4096);
-        assert_eq!(jobs[1].target, Target::Unix("/s.sock".into()));
-    }
-
-    #[test]
-    fn fio_libblkio_spelling() {
-        let text = "[j]\nioengine=libblkio\nlibblkio_driver=virtio-blk-vhost-user\n\
-                    libblkio_path=/run/d.sock\nthread\n";
-        let jobs = jobs_from_sections(&parse_job_file(text).unwrap(), &[]).unwrap();
-        assert_eq!(jobs[0].target, Target::Unix("/run/d.sock".into()));
-    }
-
-    #[test]
-    fn syntax_errors() {
-        assert!(matches!(
-            parse_job_file("bs=4k\n"),
-            Err(OptionError::Syntax { line: 1, .. })
-        ));
-        assert!(matches!(
-            parse_job_file("[a\n"),
-            Err(OptionError::Syntax { line: 1, .. })
-        ));
-    }
-
-    #[test]
-    fn verify_needs_write() {
-        let e = JobSpec::from_options(
-            "v",
-            &[
-                o("target", "file:/x"),
-                o("rw", "randread"),
-                o("verify", "crc32c"),
-            ],
-        )
-        .unwrap_err();
-        assert!(e.to_string().contains("rw=write"));
-    }
-}
+mod tests;
