@@ -7,9 +7,10 @@ use std::fmt::Write as _;
 use anyhow::bail;
 use clap::Args;
 
-use crate::matrix::{size_label, Cell, Op, Setup};
+use crate::matrix::{Cell, Op, Setup};
 use crate::merit::{decide, CellMerit, Decision};
-use crate::report::{fmt_mb, Study, StudyArgs};
+use crate::study::{fmt_mb, Study, StudyArgs};
+use vqblk_daemon::size::size_label;
 
 /// Options of `vqblk recommend`.
 #[derive(Debug, Clone, Args)]

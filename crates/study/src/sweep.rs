@@ -18,9 +18,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 
-use crate::matrix::{
-    fio_duration, parse_duration, parse_size, size_label, Cell, Matrix, Op, Setup,
-};
+use vqblk_daemon::size::{parse_size, size_label};
+
+use crate::matrix::{fio_duration, parse_duration, Cell, Matrix, Op, Setup};
 use crate::results::{
     Header, Host, Record, Results, Run, RunError, Server, Skip, Storage, Writer, FORMAT,
 };
