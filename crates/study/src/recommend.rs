@@ -15,6 +15,7 @@ use vqblk_daemon::size::size_label;
 /// Options of `vqblk recommend`.
 #[derive(Debug, Clone, Args)]
 pub struct RecommendArgs {
+    /// The results file and how to judge it.
     #[command(flatten)]
     pub study: StudyArgs,
     /// The workloads that matter: operations (read, write, randread, randwrite),

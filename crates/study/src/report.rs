@@ -42,6 +42,7 @@ impl Format {
 /// Options of `vqblk report`.
 #[derive(Debug, Clone, Args)]
 pub struct ReportArgs {
+    /// The results file and how to judge it.
     #[command(flatten)]
     pub study: StudyArgs,
     /// Output format (default: markdown on stdout; with --out, every format).
