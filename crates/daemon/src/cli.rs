@@ -11,6 +11,9 @@ use crate::config::{BackendKind, CacheMode, ExportConfig, IoThreadConfig, ServeC
 use crate::daemon::Daemon;
 use crate::mapping::VirtqueueMap;
 
+mod command;
+pub use command::{IoThreadPin, ServeCommand};
+
 /// Directory of the built-in default export (`vqblk serve` with no export flags).
 pub const DEFAULT_DIR: &str = "vqblk-default";
 /// Size of the built-in default image.

@@ -7,7 +7,8 @@ use std::fmt::Write as _;
 
 use crate::matrix::Cell;
 use crate::merit::CellMerit;
-use crate::report::{facts, fmt_mb, noisy_lines, tables, Study};
+use crate::study::{fmt_mb, Study};
+use crate::tables::{facts, noisy_lines, tables};
 
 /// Escapes text for HTML content and attributes.
 pub fn esc(s: &str) -> String {

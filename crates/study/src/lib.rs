@@ -5,7 +5,9 @@
 //!   IOThread count, plus the baseline and native columns, and appends every measured
 //!   run to a JSON Lines [`results`] file (resumable);
 //! - [`merit`] computes the figures of merit: pure functions, unit-tested;
-//! - [`report`] and [`html`] lay them out like the seeds' tables and graphs;
+//! - [`study`] holds a results file with its figures computed; [`tables`] lays them
+//!   out like the seeds' tables, which [`report`] renders as Markdown, CSV and JSON
+//!   and [`html`] as a page with graphs;
 //! - [`recommend`] picks one IOThread count and prints configuration snippets.
 //!
 //! The workload [`matrix`] is either a preset (`seeds`, `quick`) or a TOML file.
@@ -16,7 +18,9 @@ pub mod merit;
 pub mod recommend;
 pub mod report;
 pub mod results;
+pub mod study;
 pub mod sweep;
+pub mod tables;
 
 pub use recommend::RecommendArgs;
 pub use report::ReportArgs;

@@ -7,6 +7,7 @@ use std::str::FromStr;
 
 use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
+use vqblk_daemon::size::{parse_size, size_label};
 
 /// An fio `rw` mode the study measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -222,7 +223,7 @@ impl Matrix {
                 .iter()
                 .map(|v| match v {
                     toml::Value::Integer(n) if *n > 0 => Ok(*n as u64),
-                    toml::Value::String(s) => parse_size(s),
+                    toml::Value::String(s) => Ok(parse_size(s)?),
                     other => bail!("sizes: {other} is not a size (4096 or \"4k\")"),
                 })
                 .collect::<anyhow::Result<_>>()?;
@@ -308,40 +309,6 @@ impl Matrix {
     pub fn queues(&self) -> u32 {
         self.jobs.iter().copied().max().unwrap_or(1)
     }
-}
-
-/// `512`, `4k`, `1m`, `1G` (binary units) -> bytes.
-pub fn parse_size(s: &str) -> anyhow::Result<u64> {
-    let t = s.trim();
-    let (num, mult) = match t.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
-        None => (t, 1u64),
-        Some((i, _)) => {
-            let mult = match t[i..].to_ascii_lowercase().trim_end_matches(['b', 'i']) {
-                "" => 1,
-                "k" => 1 << 10,
-                "m" => 1 << 20,
-                "g" => 1 << 30,
-                "t" => 1 << 40,
-                _ => bail!("{s:?} is not a size (512, 4k, 1m, 1G)"),
-            };
-            (&t[..i], mult)
-        }
-    };
-    let n: u64 = num
-        .parse()
-        .with_context(|| format!("{s:?} is not a size (512, 4k, 1m, 1G)"))?;
-    n.checked_mul(mult)
-        .with_context(|| format!("{s:?} is too large"))
-}
-
-/// Bytes -> the shortest of `2k`, `4k`, `1m`, `512`.
-pub fn size_label(bytes: u64) -> String {
-    for (unit, shift) in [("g", 30), ("m", 20), ("k", 10)] {
-        if bytes >= 1 << shift && bytes.is_multiple_of(1 << shift) {
-            return format!("{}{unit}", bytes >> shift);
-        }
-    }
-    bytes.to_string()
 }
 
 /// `10`, `10s`, `500ms`, `2m` -> seconds.
@@ -431,15 +398,12 @@ mod tests {
     }
 
     #[test]
-    fn sizes_and_durations() {
-        assert_eq!(parse_size("4k").unwrap(), 4096);
-        assert_eq!(parse_size("1G").unwrap(), 1 << 30);
-        assert_eq!(parse_size("1MiB").unwrap(), 1 << 20);
-        assert_eq!(parse_size("512").unwrap(), 512);
-        assert!(parse_size("k").is_err());
-        assert_eq!(size_label(2048), "2k");
-        assert_eq!(size_label(1 << 20), "1m");
-        assert_eq!(size_label(1536), "1536");
+    fn sizes_use_the_daemons_fio_grammar_and_durations() {
+        // The one size grammar of vqblk (vqblk_daemon::size): fio's suffixes.
+        let m = Matrix::from_toml("sizes = [\"4KiB\", \"1m\", \"512b\", \"2kb\"]").unwrap();
+        assert_eq!(m.sizes, vec![512, 2048, 4096, 1 << 20]);
+        let labels: Vec<String> = m.sizes.iter().map(|&b| size_label(b)).collect();
+        assert_eq!(labels, ["512", "2k", "4k", "1m"]);
         assert_eq!(parse_duration("2m").unwrap(), 120.0);
         assert_eq!(parse_duration("250ms").unwrap(), 0.25);
         assert_eq!(parse_duration("1.5").unwrap(), 1.5);

@@ -7,13 +7,15 @@ use std::fmt::Write as _;
 use anyhow::bail;
 use clap::Args;
 
-use crate::matrix::{size_label, Cell, Op, Setup};
+use crate::matrix::{Cell, Op, Setup};
 use crate::merit::{decide, CellMerit, Decision};
-use crate::report::{fmt_mb, Study, StudyArgs};
+use crate::study::{fmt_mb, Study, StudyArgs};
+use vqblk_daemon::size::size_label;
 
 /// Options of `vqblk recommend`.
 #[derive(Debug, Clone, Args)]
 pub struct RecommendArgs {
+    /// The results file and how to judge it.
     #[command(flatten)]
     pub study: StudyArgs,
     /// The workloads that matter: operations (read, write, randread, randwrite),

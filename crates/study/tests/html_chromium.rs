@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 
 use vqblk_study::matrix::{Cell, Op, Setup};
 use vqblk_study::merit::Options;
-use vqblk_study::report::{render, Format, Study};
+use vqblk_study::report::{render, Format};
 use vqblk_study::results::{Record, Results, Run, Skip};
+use vqblk_study::study::Study;
 
 const CHROMIUM: &str = "/usr/bin/chromium";
 

@@ -44,12 +44,25 @@ fn null_sweep_report_recommend_and_resume() {
     let m = tiny_matrix(d, "\"randread\"");
     let res = d.join("r.jsonl");
     let res_s = res.to_str().unwrap();
+    // The serving and benching executable named explicitly (the other tests use
+    // the default, the running executable).
+    let bin = common::vqblk_bin().canonicalize().unwrap();
+    let bin_s = bin.to_str().unwrap();
     vqblk_ok(
         d,
-        &sweep_args(&m, res_s, &["--backend", "null", "--size", "64M"]),
+        &sweep_args(
+            &m,
+            res_s,
+            &["--backend", "null", "--size", "64M", "--vqblk", bin_s],
+        ),
     );
 
     let r = Results::read(&res).unwrap();
+    let servers: Vec<_> = r.servers.iter().map(|s| s.argv[0].as_str()).collect();
+    assert!(
+        !servers.is_empty() && servers.iter().all(|a| *a == bin_s),
+        "{servers:?}"
+    );
     assert_eq!(r.headers.len(), 1);
     let h = &r.headers[0];
     assert_eq!(h.storage.kind, "null");

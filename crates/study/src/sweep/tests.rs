@@ -1,0 +1,227 @@
+//! Unit tests of the sweep's plan, bench output and formats.
+
+use std::time::Duration;
+
+use clap::Parser;
+
+use super::*;
+use crate::matrix::{Cell, Op, Setup};
+
+#[derive(Parser)]
+struct P {
+    #[command(flatten)]
+    a: SweepArgs,
+}
+
+fn args(extra: &[&str]) -> SweepArgs {
+    let mut v = vec!["sweep", "--results", "/dev/null"];
+    v.extend_from_slice(extra);
+    P::try_parse_from(v).unwrap().a
+}
+
+#[test]
+fn skip_rule() {
+    let (keep, skip) = iothread_columns(&[1, 2, 3, 4, 6, 8, 12, 16], 2, None, 16);
+    assert_eq!(keep, vec![1, 2, 3, 4]);
+    assert_eq!(skip.len(), 4);
+    assert!(skip[0].1.contains("2 x 2 CPUs"));
+    let (keep, skip) = iothread_columns(&[1, 2, 8], 64, None, 4);
+    assert_eq!(keep, vec![1, 2]);
+    assert!(skip[0].1.contains("virtqueues"));
+    let (keep, _) = iothread_columns(&[1, 2, 8], 2, Some(8), 16);
+    assert_eq!(keep, vec![1, 2, 8]);
+}
+
+#[test]
+fn null_plan_has_no_native_and_the_baseline_is_poll_off() {
+    let p = Plan::new(&args(&["--backend", "null"]), "/x/vqblk".into(), 2).unwrap();
+    assert_eq!(
+        p.setups,
+        vec![
+            Setup::Baseline,
+            Setup::IoThreads(1),
+            Setup::IoThreads(2),
+            Setup::IoThreads(4)
+        ]
+    );
+    assert_eq!(p.skipped[0].0, Setup::Native);
+    assert!(p.skipped[0].1.starts_with("n/a"));
+    let b = shell_join(&p.server_argv(Setup::Baseline).unwrap());
+    assert!(
+        b.starts_with("/x/vqblk serve --backend null --size 1073741824 --socket "),
+        "{b}"
+    );
+    assert!(b.contains("--queues 4 --iothreads 1 --poll off"), "{b}");
+    let s = shell_join(&p.server_argv(Setup::IoThreads(2)).unwrap());
+    assert!(s.contains("--iothreads 2") && !s.contains("--poll"), "{s}");
+    let cell = Cell {
+        bs: 4096,
+        op: Op::Randwrite,
+        jobs: 4,
+        iodepth: 16,
+    };
+    let bench = shell_join(&p.bench_argv(&cell, Setup::IoThreads(2), Some(42)));
+    assert!(bench.contains("--rw randwrite --bs 4096 --numjobs 4 --iodepth 16 --runtime 1000ms --ramp_time 250ms --time_based --group_reporting --output-format json --server-pid 42"), "{bench}");
+    let t = p.command_templates();
+    assert!(t["serve"].contains("--iothreads K"), "{}", t["serve"]);
+    assert!(
+        t["bench"].contains("--rw OP --bs BS --numjobs JOBS --iodepth DEPTH"),
+        "{}",
+        t["bench"]
+    );
+    assert!(!t.contains_key("native"));
+}
+
+#[test]
+fn serve_columns_are_typed_serve_commands() {
+    use vqblk_daemon::config::BackendKind;
+    use vqblk_daemon::poll::PollMode;
+    let p = Plan::new(
+        &args(&["--backend", "null", "--size", "64m", "--poll", "weighted"]),
+        "/x/vqblk".into(),
+        2,
+    )
+    .unwrap();
+    let base = p.serve_command(Setup::Baseline).unwrap();
+    assert_eq!(base.backend, Some(BackendKind::Null));
+    assert_eq!(base.size, Some(64 << 20));
+    assert_eq!((base.iothreads, base.poll), (Some(1), Some(PollMode::Off)));
+    assert_eq!(base.queues, Some(4));
+    assert_eq!(base.socket, Some(p.socket()));
+    let two = p.serve_command(Setup::IoThreads(2)).unwrap();
+    assert_eq!(
+        (two.iothreads, two.poll),
+        (Some(2), Some(PollMode::Weighted))
+    );
+    assert_eq!(
+        p.server_argv(Setup::IoThreads(2)).unwrap(),
+        two.argv(std::path::Path::new("/x/vqblk"))
+    );
+    assert!(p.serve_command(Setup::Native).is_none());
+    let e = P::try_parse_from(["sweep", "--results", "/r", "--poll", "sometimes"]);
+    assert!(e.is_err(), "--poll is checked when parsed");
+}
+
+#[test]
+fn the_vqblk_executable_is_explicit_or_the_running_one() {
+    let a = args(&["--backend", "null", "--vqblk", "/opt/vqblk"]);
+    assert_eq!(a.vqblk_exe().unwrap(), std::path::Path::new("/opt/vqblk"));
+    let p = Plan::new(&a, a.vqblk_exe().unwrap(), 2).unwrap();
+    assert!(
+        shell_join(&p.server_argv(Setup::IoThreads(1)).unwrap()).starts_with("/opt/vqblk serve ")
+    );
+    assert!(p.bench_argv(&p.matrix.cells()[0], Setup::IoThreads(1), None)[0] == "/opt/vqblk");
+    let d = args(&["--backend", "null"]);
+    assert_eq!(d.vqblk_exe().unwrap(), std::env::current_exe().unwrap());
+}
+
+#[test]
+fn qsd_baseline_command() {
+    let p = Plan::new(
+        &args(&["--backend", "null", "--baseline", "qemu-storage-daemon"]),
+        "/x/vqblk".into(),
+        2,
+    )
+    .unwrap();
+    let q = p.server_argv(Setup::Baseline).unwrap();
+    assert_eq!(q[0], "qemu-storage-daemon");
+    assert_eq!(
+        q[2],
+        "driver=null-co,node-name=d,size=1073741824,read-zeroes=on"
+    );
+    assert!(q[6]
+        .to_str()
+        .unwrap()
+        .ends_with("writable=on,num-queues=4,iothread=iot0"));
+}
+
+#[test]
+fn image_plan_runs_native_on_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("d.raw");
+    let e = Plan::new(
+        &args(&["--image", img.to_str().unwrap()]),
+        "/x/vqblk".into(),
+        2,
+    )
+    .unwrap_err();
+    assert!(format!("{e:#}").contains("--create"));
+    let p = Plan::new(
+        &args(&["--image", img.to_str().unwrap(), "--create", "8m"]),
+        "/x/vqblk".into(),
+        2,
+    )
+    .unwrap();
+    assert_eq!(std::fs::metadata(&img).unwrap().len(), 8 << 20);
+    let data = std::fs::read(&img).unwrap();
+    assert!(
+        data.iter().filter(|&&b| b == 0).count() < data.len() / 10,
+        "filled, not sparse"
+    );
+    assert_eq!(p.setups[0], Setup::Native);
+    let cell = Cell {
+        bs: 4096,
+        op: Op::Read,
+        jobs: 1,
+        iodepth: 1,
+    };
+    let n = p.bench_argv(&cell, Setup::Native, None);
+    assert_eq!(
+        n[3],
+        format!("file:{}", img.canonicalize().unwrap().display())
+    );
+    let s = shell_join(&p.server_argv(Setup::IoThreads(1)).unwrap());
+    assert!(s.contains("--cache none"), "{s}");
+    let e = Plan::new(
+        &args(&[
+            "--image",
+            img.to_str().unwrap(),
+            "--size",
+            "1G",
+            "--matrix",
+            "seeds",
+        ]),
+        "/x/vqblk".into(),
+        2,
+    );
+    assert!(format!("{:#}", e.unwrap_err()).contains("too small"));
+}
+
+#[test]
+fn flags_are_validated() {
+    let e = |a: &[&str]| format!("{:#}", Plan::new(&args(a), "/x".into(), 2).unwrap_err());
+    assert!(e(&[]).contains("--image PATH, --device PATH or --backend null"));
+    assert!(e(&["--backend", "null", "--repeats", "0"]).contains("--repeats"));
+    assert!(e(&["--backend", "null", "--runtime", "abc"]).contains("--runtime"));
+    assert!(e(&["--backend", "null", "--matrix", "/nonexistent.toml"]).contains("--matrix"));
+}
+
+#[test]
+fn bench_json_is_read() {
+    let text = r#"{"jobs":[{"error":0,"read":{"iops":1000.0,"bw_bytes":4096000,"runtime":1000,
+        "clat_ns":{"percentile":{"50.000000":12000,"99.000000":50000}}},"write":{"iops":0,"bw_bytes":0}}],
+        "vqblk":{"elapsed_s":1.0,"server_cpu_s":0.5}}"#;
+    let m = parse_bench_json(text, Op::Randread).unwrap();
+    assert_eq!(
+        (m.iops, m.bw_bytes, m.p50_us, m.p99_us, m.server_cpu_s),
+        (1000.0, 4096000.0, Some(12.0), Some(50.0), Some(0.5))
+    );
+    assert_eq!(parse_bench_json(text, Op::Write).unwrap().bw_bytes, 0.0);
+    assert!(parse_bench_json("{\"jobs\":[]}", Op::Read).is_err());
+    assert!(
+        parse_bench_json(r#"{"jobs":[{"error":1,"error_text":"EIO"}]}"#, Op::Read)
+            .unwrap_err()
+            .to_string()
+            .contains("EIO")
+    );
+}
+
+#[test]
+fn time_formats() {
+    assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+    assert_eq!(rfc3339(1_795_304_876), "2026-11-21T23:47:56Z");
+    assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+    assert_eq!(hms(Duration::from_secs(7)), "7s");
+    assert_eq!(hms(Duration::from_secs(245)), "4m05s");
+    assert_eq!(hms(Duration::from_secs(3723)), "1h02m03s");
+}
