@@ -434,12 +434,6 @@ impl Frontend {
         f
     }
 
-    /// Connects, retrying until the daemon serves this connection (it serves
-    /// one frontend per export at a time, and drains the previous one first).
-    pub fn ready_when_free(path: &Path) -> Frontend {
-        Frontend::ready(path)
-    }
-
     /// Writes descriptor `i`.
     pub fn set_desc(&self, i: u16, addr: u64, len: u32, flags: u16, next: u16) {
         self.set_desc_at(DESC, i, addr, len, flags, next);

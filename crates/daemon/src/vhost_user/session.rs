@@ -114,7 +114,7 @@ fn wait_message(fd: i32, shutdown: &EventFd) -> Incoming {
     if wait_readable(fd, shutdown, None) {
         return Incoming::Shutdown;
     }
-    let deadline = Instant::now() + MESSAGE_TIMEOUT;
+    let mut deadline = Instant::now() + MESSAGE_TIMEOUT;
     loop {
         let mut hdr = [0u8; HEADER_SIZE];
         // SAFETY: recv into a live buffer of HEADER_SIZE bytes; MSG_PEEK
@@ -128,11 +128,17 @@ fn wait_message(fd: i32, shutdown: &EventFd) -> Incoming {
             )
         };
         if n <= 0 {
-            // End of stream, or an error: the crate's read reports it.
             let again = n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::WouldBlock;
             if !again {
+                // End of stream, or an error: the crate's read reports it.
                 return Incoming::Ready(None);
             }
+            // Nothing queued after all: wait for the next message afresh.
+            if wait_readable(fd, shutdown, None) {
+                return Incoming::Shutdown;
+            }
+            deadline = Instant::now() + MESSAGE_TIMEOUT;
+            continue;
         }
         let queued = queued_bytes(fd);
         let (code, needed) = if n as usize == HEADER_SIZE {
