@@ -8,18 +8,17 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use log::{error, info, warn};
-use vhost::vhost_user::{BackendReqHandler, Error as VhostError};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::block::{BlockError, Disk};
 use crate::config::{parse_cpuset, BackendKind, ConfigError, ServeConfig};
-use crate::iothread::{BlockDevice, IoThreadHandle, IoThreadSetup};
+use crate::iothread::{BlockDevice, Command, IoThreadHandle, IoThreadSetup};
 use crate::stats::DaemonSnapshot;
-use crate::vhost_user::{Connection, ExportShared};
+use crate::vhost_user::{serve_frontend, wait_readable, ExportShared, SessionEnd};
 use crate::virtio::{BlkGeometry, ID_BYTES, SECTOR_SIZE};
 
 /// Largest data segment we accept (virtio-blk `size_max`).
@@ -60,7 +59,8 @@ pub enum DaemonError {
 struct ExportRunner {
     name: String,
     socket: PathBuf,
-    shared: Arc<ExportShared>,
+    /// The disk, for the final fsync.
+    device: Arc<BlockDevice>,
     control: Option<JoinHandle<()>>,
 }
 
@@ -69,6 +69,8 @@ pub struct Daemon {
     iothreads: Arc<Vec<IoThreadHandle>>,
     exports: Vec<ExportRunner>,
     shutdown: Arc<EventFd>,
+    /// `stop` ran (from `shutdown` or from drop): it runs once.
+    stopped: bool,
 }
 
 impl Daemon {
@@ -123,6 +125,7 @@ impl Daemon {
             iothreads: iothreads.clone(),
             exports: Vec::new(),
             shutdown: shutdown.clone(),
+            stopped: false,
         };
         for (index, (plan, disk)) in plans.into_iter().zip(disks).enumerate() {
             let c = &plan.config;
@@ -177,14 +180,17 @@ impl Daemon {
                 c.queues,
                 plan.map
             );
-            let (sh, sd) = (shared.clone(), shutdown.clone());
+            let sd = shutdown.clone();
+            let device = shared.device.clone();
+            // The control thread holds the only export-side clone of the
+            // IOThread pool, so that `stop` can join the IOThreads.
             let control = std::thread::Builder::new()
                 .name(format!("vqblk-ctl{index}"))
-                .spawn(move || control_loop(listener, sh, sd))?;
+                .spawn(move || control_loop(listener, shared, sd))?;
             daemon.exports.push(ExportRunner {
                 name: plan.name,
                 socket: c.socket.clone(),
-                shared,
+                device,
                 control: Some(control),
             });
         }
@@ -210,21 +216,39 @@ impl Daemon {
         self.stats()
     }
 
+    /// Stops the daemon, once: drain every frontend (the control threads
+    /// detach their rings and exit), stop the IOThreads, then fsync the
+    /// writable images and remove the sockets.
     fn stop(&mut self) {
+        if std::mem::replace(&mut self.stopped, true) {
+            return;
+        }
         let _ = self.shutdown.write(1);
         for e in &mut self.exports {
             if let Some(j) = e.control.take() {
                 let _ = j.join();
             }
         }
-        // Every connection is closed and drained; stop the IOThreads.
-        if let Some(threads) = Arc::get_mut(&mut self.iothreads) {
-            for t in threads.iter_mut() {
-                t.stop();
+        // Every connection is closed and drained and every control thread
+        // has exited with its clone of the pool: stop the IOThreads, so that
+        // no request can reach a disk after its fsync.
+        match Arc::get_mut(&mut self.iothreads) {
+            Some(threads) => {
+                for t in threads.iter_mut() {
+                    t.stop();
+                }
+            }
+            None => {
+                // Not expected (every other clone lived in a control thread,
+                // all joined above); the threads still get the command.
+                error!("IOThread pool still shared at shutdown: stopping without joining");
+                for t in self.iothreads.iter() {
+                    t.send(Command::Stop);
+                }
             }
         }
         for e in &self.exports {
-            if let Err(err) = e.shared.device.disk.sync() {
+            if let Err(err) = e.device.disk.sync() {
                 error!("export {}: fsync failed: {err}", e.name);
             }
             let _ = fs::remove_file(&e.socket);
@@ -261,36 +285,12 @@ fn bind_socket(path: &Path, mode: u32) -> Result<UnixListener, String> {
     Ok(l)
 }
 
-/// Waits until `fd` is readable or the shutdown eventfd fires; true on shutdown.
-fn wait_readable(fd: i32, shutdown: &EventFd) -> bool {
-    let mut fds = [
-        libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        },
-        libc::pollfd {
-            fd: shutdown.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        },
-    ];
-    loop {
-        // SAFETY: `fds` is a live array of two pollfd structs.
-        let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
-        if r < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-            continue;
-        }
-        return r < 0 || fds[1].revents != 0;
-    }
-}
-
 /// One export's control thread: accept a frontend, serve its vhost-user
 /// messages until it goes away, drain, and accept the next one.
 fn control_loop(listener: UnixListener, shared: Arc<ExportShared>, shutdown: Arc<EventFd>) {
     let name = shared.device.name.clone();
     loop {
-        if wait_readable(listener.as_raw_fd(), &shutdown) {
+        if wait_readable(listener.as_raw_fd(), &shutdown, None) {
             break;
         }
         let stream = match listener.accept() {
@@ -301,38 +301,54 @@ fn control_loop(listener: UnixListener, shared: Arc<ExportShared>, shutdown: Arc
             }
         };
         info!("export {name}: frontend connected");
-        let conn = Arc::new(Mutex::new(Connection::new(shared.clone())));
-        let fd = stream.as_raw_fd();
-        let mut handler = BackendReqHandler::from_stream(stream, conn.clone());
-        let mut stopping = false;
-        loop {
-            if wait_readable(fd, &shutdown) {
-                stopping = true;
-                break;
-            }
-            match handler.handle_request() {
-                Ok(()) => {}
-                // The frontend was told (REPLY_ACK) and the stream is intact.
-                Err(
-                    e @ (VhostError::InvalidParam
-                    | VhostError::InvalidOperation(_)
-                    | VhostError::ReqHandlerError(_)
-                    | VhostError::InactiveFeature(_)
-                    | VhostError::InactiveOperation(_)),
-                ) => warn!("export {name}: request refused: {e}"),
-                Err(VhostError::Disconnected) => break,
-                Err(e) => {
-                    warn!("export {name}: closing the connection: {e}");
-                    break;
-                }
-            }
-        }
-        // Drain: every started ring waits for its in-flight requests.
-        conn.lock().unwrap().stop_all();
-        drop(handler);
-        info!("export {name}: frontend disconnected");
-        if stopping {
+        if serve_frontend(stream, &shared, &shutdown) == SessionEnd::Shutdown {
             break;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ExportConfig;
+
+    /// `stop` drains, then stops and joins the IOThreads (before the fsync),
+    /// and a second `stop` (drop after `shutdown`) does nothing.
+    #[test]
+    fn stop_joins_the_iothreads_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut e = ExportConfig::new(dir.path().join("d.sock"));
+        e.backend = BackendKind::Null;
+        e.size = Some("1M".into());
+        let mut cfg = ServeConfig {
+            exports: vec![e],
+            ..Default::default()
+        };
+        cfg.iothreads.count = 2;
+        let mut daemon = Daemon::start(&cfg).unwrap();
+        let tids: Vec<u64> = (0..100)
+            .map(|_| {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+                daemon
+                    .iothreads
+                    .iter()
+                    .map(|t| t.stats.tid.load(std::sync::atomic::Ordering::Relaxed))
+                    .collect::<Vec<_>>()
+            })
+            .find(|t| t.iter().all(|&x| x != 0))
+            .expect("IOThreads started");
+        for &tid in &tids {
+            assert!(Path::new(&format!("/proc/self/task/{tid}")).exists());
+        }
+        daemon.stop();
+        for &tid in &tids {
+            assert!(
+                !Path::new(&format!("/proc/self/task/{tid}")).exists(),
+                "IOThread {tid} still runs after stop()"
+            );
+        }
+        assert!(!dir.path().join("d.sock").exists(), "socket removed");
+        daemon.stop();
+        drop(daemon);
     }
 }

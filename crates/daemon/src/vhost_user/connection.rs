@@ -1,15 +1,5 @@
-//! The vhost-user transport: one [`Connection`] per frontend connection,
-//! implementing the backend side of the vhost-user protocol on top of the
-//! `vhost` crate's message parser.
-//!
-//! The connection owns the control-plane state of every vring (size,
-//! addresses, base, kick/call fds) until the ring is started; then the ring's
-//! `Queue` moves to its owner IOThread ([`Command::Attach`]) and comes back only
-//! as the next avail index at GET_VRING_BASE ([`Command::Detach`]).
-//!
-//! We do not use `vhost-user-backend`'s daemon: it starts one set of worker
-//! threads per connection and per export, so IOThreads could not be shared by
-//! several exports, and its workers own the event loop we need for polling.
+//! The backend side of one vhost-user connection: vring and memory state,
+//! checked message by message, handed to the IOThreads when a ring starts.
 
 use std::fs::File;
 use std::io;
@@ -30,35 +20,22 @@ use vhost::VhostUserMemoryRegionBase;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{GuestAddress, GuestAddressSpace, GuestRegionMmap};
 
-use crate::iothread::{
-    BlockDevice, Command, GuestMem, GuestMemHandle, IoThreadHandle, QueueAttach, QueueKey,
+use super::memory::{
+    check_disjoint, check_region, vmm_va_to_gpa, AddrMapping, RegionDesc, Sealing,
 };
-use crate::mapping::VirtqueueMap;
-use crate::virtio::{features, BlkGeometry, CONFIG_WRITEBACK_OFFSET};
+use super::ExportShared;
+use crate::iothread::{Command, GuestMem, GuestMemHandle, IoThreadHandle, QueueAttach, QueueKey};
+use crate::virtio::{features, CONFIG_WRITEBACK_OFFSET};
 
 /// Memory slots we accept with CONFIGURE_MEM_SLOTS (QEMU's vhost-user limit is 509 too).
 const MAX_MEM_SLOTS: u64 = 509;
 /// How long GET_VRING_BASE waits for a queue's in-flight requests.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// What a connection needs from its export, shared by all its connections.
-pub struct ExportShared {
-    /// Export index in the daemon.
-    pub index: usize,
-    /// Device model (geometry, features, config space).
-    pub geometry: BlkGeometry,
-    /// The device the IOThreads execute requests for.
-    pub device: Arc<BlockDevice>,
-    /// Owner IOThread of each queue.
-    pub map: VirtqueueMap,
-    /// Largest queue size the frontend may set.
-    pub max_queue_size: u16,
-    /// The IOThread pool.
-    pub iothreads: Arc<Vec<IoThreadHandle>>,
-}
-
 #[derive(Default)]
 struct Vring {
+    /// Set by a valid SET_VRING_NUM; 0 (unset, or refused) keeps the ring
+    /// from starting.
     size: u16,
     desc: u64,
     avail: u64,
@@ -72,12 +49,6 @@ struct Vring {
     started: bool,
 }
 
-struct AddrMapping {
-    vmm_addr: u64,
-    size: u64,
-    gpa_base: u64,
-}
-
 /// The backend side of one vhost-user connection.
 pub struct Connection {
     export: Arc<ExportShared>,
@@ -87,11 +58,14 @@ pub struct Connection {
     owned: bool,
     acked_features: u64,
     acked_protocol_features: u64,
+    /// A region that cannot be sealed against shrinking was logged already.
+    told_unsealed: bool,
 }
 
+/// A refusal by this handler: the crate answers it with a failing REPLY_ACK
+/// (when the frontend asked for one), and the session logs it.
 fn invalid(msg: &str) -> VhostError {
-    warn!("vhost-user: {msg}");
-    VhostError::InvalidParam
+    VhostError::ReqHandlerError(io::Error::new(io::ErrorKind::InvalidInput, msg))
 }
 
 impl Connection {
@@ -106,7 +80,52 @@ impl Connection {
             owned: false,
             acked_features: 0,
             acked_protocol_features: 0,
+            told_unsealed: false,
         }
+    }
+
+    /// Device setup (memory, vrings, config writes) needs SET_OWNER first
+    /// (vhost-user spec: SET_OWNER makes this frontend the owner of the
+    /// session); feature negotiation may come before it, as QEMU does.
+    fn owner(&self) -> VhostResult<()> {
+        if self.owned {
+            Ok(())
+        } else {
+            Err(VhostError::InvalidOperation(
+                "device setup before SET_OWNER",
+            ))
+        }
+    }
+
+    /// Checks the regions of a memory message against their files and
+    /// against each other's frontend addresses.
+    fn check_regions(
+        &mut self,
+        regions: &[RegionDesc],
+        files: &[File],
+        existing: &[AddrMapping],
+    ) -> VhostResult<Vec<AddrMapping>> {
+        let name = self.export.device.name.clone();
+        let refuse = |e: super::memory::RegionError| {
+            warn!("{name}: memory region refused: {e}");
+            invalid(&e.to_string())
+        };
+        let mut mappings = existing.to_vec();
+        for (i, (r, file)) in regions.iter().zip(files).enumerate() {
+            let sealing = check_region(i, r, file).map_err(refuse)?;
+            let m = AddrMapping::of(r);
+            check_disjoint(i, &m, &mappings).map_err(refuse)?;
+            mappings.push(m);
+            if sealing == Sealing::Unsealed && !self.told_unsealed {
+                self.told_unsealed = true;
+                info!(
+                    "{}: guest memory region {i} cannot be sealed against shrinking \
+                     (file-backed memory): a frontend that truncates it can crash the daemon",
+                    name
+                );
+            }
+        }
+        Ok(mappings.split_off(existing.len()))
     }
 
     fn vring(&mut self, index: u32) -> VhostResult<&mut Vring> {
@@ -127,15 +146,11 @@ impl Connection {
     }
 
     fn vmm_va_to_gpa(&self, va: u64) -> VhostResult<u64> {
-        self.mappings
-            .iter()
-            .find(|m| va >= m.vmm_addr && va - m.vmm_addr < m.size)
-            .map(|m| va - m.vmm_addr + m.gpa_base)
-            .ok_or_else(|| {
-                invalid(&format!(
-                    "vring address {va:#x} is not in any memory region"
-                ))
-            })
+        vmm_va_to_gpa(&self.mappings, va).ok_or_else(|| {
+            invalid(&format!(
+                "vring address {va:#x} is not in any memory region"
+            ))
+        })
     }
 
     /// Starts the ring if it has everything (vhost-user spec: a ring starts
@@ -146,12 +161,17 @@ impl Connection {
         let v = &mut self.vrings[index as usize];
         // Without PROTOCOL_FEATURES rings are enabled as soon as they start.
         let enabled = v.enabled || !protocol;
-        if v.started || !enabled || v.kick.is_none() || !v.addr_set {
+        // No valid SET_VRING_NUM yet (or the last one was refused): the ring
+        // waits; it must not start at the queue's default size.
+        if v.started || !enabled || v.kick.is_none() || !v.addr_set || v.size == 0 {
             return Ok(());
         }
         let mut queue =
             Queue::new(self.export.max_queue_size).map_err(|_| invalid("queue size"))?;
         queue.set_size(v.size);
+        if queue.size() != v.size {
+            return Err(invalid(&format!("vring {index}: size {} refused", v.size)));
+        }
         queue.set_desc_table_address(Some(v.desc as u32), Some((v.desc >> 32) as u32));
         queue.set_avail_ring_address(Some(v.avail as u32), Some((v.avail >> 32) as u32));
         queue.set_used_ring_address(Some(v.used as u32), Some((v.used >> 32) as u32));
@@ -290,39 +310,55 @@ impl VhostUserBackendReqHandlerMut for Connection {
         files: Vec<File>,
         postcopy: Option<bool>,
     ) -> VhostResult<Option<Vec<VhostUserMemoryRegionBase>>> {
+        self.owner()?;
         if postcopy.is_some() {
             return Err(VhostError::InvalidOperation("postcopy not supported"));
         }
+        // The crate already bounds the table (32 regions, one fd each, 4 KiB
+        // message); every region is checked against its file before mapping.
+        let descs: Vec<RegionDesc> = ctx
+            .iter()
+            .map(|r| RegionDesc {
+                gpa: r.guest_phys_addr,
+                size: r.memory_size,
+                user_addr: r.user_addr,
+                mmap_offset: r.mmap_offset,
+            })
+            .collect();
+        if descs.len() != files.len() {
+            return Err(invalid("one fd per memory region"));
+        }
+        let mappings = self.check_regions(&descs, &files, &[])?;
         let mut regions = Vec::new();
-        let mut mappings = Vec::new();
         for (region, file) in ctx.iter().zip(files) {
             let r = GuestRegionMmap::new(
                 region.mmap_region(file)?,
                 GuestAddress(region.guest_phys_addr),
             )
             .ok_or_else(|| invalid("memory region overflows"))?;
-            mappings.push(AddrMapping {
-                vmm_addr: region.user_addr,
-                size: region.memory_size,
-                gpa_base: region.guest_phys_addr,
-            });
             regions.push(r);
         }
-        let mem = GuestMem::from_regions(regions)
-            .map_err(|e| VhostError::ReqHandlerError(io::Error::other(e)))?;
+        let mem = GuestMem::from_regions(regions).map_err(|e| {
+            warn!("{}: memory table refused: {e}", self.export.device.name);
+            invalid(&e.to_string())
+        })?;
         self.publish_memory(mem);
         self.mappings = mappings;
         Ok(None)
     }
 
     fn set_vring_num(&mut self, index: u32, num: u32) -> VhostResult<()> {
+        self.owner()?;
         let max = self.export.max_queue_size as u32;
+        let v = self.vring(index)?;
         if num == 0 || num > max || !num.is_power_of_two() {
+            // The ring stays unstartable until a valid size arrives.
+            v.size = 0;
             return Err(invalid(&format!(
                 "vring {index}: size {num} is not a power of two in 1..={max}"
             )));
         }
-        self.vring(index)?.size = num as u16;
+        v.size = num as u16;
         Ok(())
     }
 
@@ -335,6 +371,8 @@ impl VhostUserBackendReqHandlerMut for Connection {
         available: u64,
         _log: u64,
     ) -> VhostResult<()> {
+        self.owner()?;
+        self.vring(index)?;
         let (d, u, a) = (
             self.vmm_va_to_gpa(descriptor)?,
             self.vmm_va_to_gpa(used)?,
@@ -346,11 +384,13 @@ impl VhostUserBackendReqHandlerMut for Connection {
     }
 
     fn set_vring_base(&mut self, index: u32, base: u32) -> VhostResult<()> {
+        self.owner()?;
         self.vring(index)?.base = base as u16;
         Ok(())
     }
 
     fn get_vring_base(&mut self, index: u32) -> VhostResult<VhostUserVringState> {
+        // Out of range: no reply can say so; the session closes the connection.
         self.vring(index)?;
         // vhost-user spec: the backend stops the ring on GET_VRING_BASE.
         self.stop(index as u16);
@@ -362,6 +402,7 @@ impl VhostUserBackendReqHandlerMut for Connection {
     }
 
     fn set_vring_kick(&mut self, index: u8, fd: Option<File>) -> VhostResult<()> {
+        self.owner()?;
         let idx = index as u16;
         // A new kick fd for a running ring: restart it with the new fd.
         self.vring(index as u32)?;
@@ -371,6 +412,7 @@ impl VhostUserBackendReqHandlerMut for Connection {
     }
 
     fn set_vring_call(&mut self, index: u8, fd: Option<File>) -> VhostResult<()> {
+        self.owner()?;
         let started = self.vring(index as u32)?.started;
         if started {
             let call = fd
@@ -388,6 +430,7 @@ impl VhostUserBackendReqHandlerMut for Connection {
     }
 
     fn set_vring_err(&mut self, index: u8, _fd: Option<File>) -> VhostResult<()> {
+        self.owner()?;
         self.vring(index as u32)?;
         Ok(())
     }
@@ -409,6 +452,7 @@ impl VhostUserBackendReqHandlerMut for Connection {
     }
 
     fn set_vring_enable(&mut self, index: u32, enable: bool) -> VhostResult<()> {
+        self.owner()?;
         self.vring(index)?.enabled = enable;
         if enable {
             self.maybe_start(index as u16)
@@ -442,6 +486,7 @@ impl VhostUserBackendReqHandlerMut for Connection {
         buf: &[u8],
         _flags: VhostUserConfigFlags,
     ) -> VhostResult<()> {
+        self.owner()?;
         // Only the writeback byte is writable (virtio spec 5.2.5, CONFIG_WCE).
         if offset as usize == CONFIG_WRITEBACK_OFFSET && buf.len() == 1 {
             let writethrough = buf[0] == 0;
@@ -498,9 +543,27 @@ impl VhostUserBackendReqHandlerMut for Connection {
         fd: File,
         postcopy: Option<bool>,
     ) -> VhostResult<Option<VhostUserMemoryRegionBase>> {
+        self.owner()?;
         if postcopy.is_some() {
             return Err(VhostError::InvalidOperation("postcopy not supported"));
         }
+        if self.mappings.len() as u64 >= MAX_MEM_SLOTS {
+            warn!(
+                "{}: memory region refused: all {MAX_MEM_SLOTS} slots are in use",
+                self.export.device.name
+            );
+            return Err(invalid("no free memory slot"));
+        }
+        let desc = RegionDesc {
+            gpa: region.guest_phys_addr,
+            size: region.memory_size,
+            user_addr: region.user_addr,
+            mmap_offset: region.mmap_offset,
+        };
+        let existing = std::mem::take(&mut self.mappings);
+        let checked = self.check_regions(&[desc], std::slice::from_ref(&fd), &existing);
+        self.mappings = existing;
+        let mapping = checked?;
         let r = Arc::new(
             GuestRegionMmap::new(
                 region.mmap_region(fd)?,
@@ -508,21 +571,17 @@ impl VhostUserBackendReqHandlerMut for Connection {
             )
             .ok_or_else(|| invalid("memory region overflows"))?,
         );
-        let mem = self
-            .mem
-            .memory()
-            .insert_region(r)
-            .map_err(|e| VhostError::ReqHandlerError(io::Error::other(e)))?;
+        let mem = self.mem.memory().insert_region(r).map_err(|e| {
+            warn!("{}: memory region refused: {e}", self.export.device.name);
+            invalid(&e.to_string())
+        })?;
         self.publish_memory(mem);
-        self.mappings.push(AddrMapping {
-            vmm_addr: region.user_addr,
-            size: region.memory_size,
-            gpa_base: region.guest_phys_addr,
-        });
+        self.mappings.extend(mapping);
         Ok(None)
     }
 
     fn remove_mem_region(&mut self, region: &VhostUserSingleMemoryRegion) -> VhostResult<()> {
+        self.owner()?;
         let (mem, _) = self
             .mem
             .memory()

@@ -1,0 +1,51 @@
+//! The vhost-user transport: one [`Connection`] per frontend connection,
+//! implementing the backend side of the vhost-user protocol on top of the
+//! `vhost` crate's message parser, and [`serve_frontend`], the message loop
+//! of one connection.
+//!
+//! The connection owns the control-plane state of every vring (size,
+//! addresses, base, kick/call fds) until the ring is started; then the ring's
+//! `Queue` moves to its owner IOThread ([`Command::Attach`]) and comes back only
+//! as the next avail index at GET_VRING_BASE ([`Command::Detach`]).
+//!
+//! The frontend is not trusted (docs/security.md): every memory region is
+//! checked against its file before it is mapped ([`memory`]), every vring
+//! index and size is checked, and a frontend that breaks the protocol is
+//! disconnected without disturbing the other exports.
+//!
+//! We do not use `vhost-user-backend`'s daemon: it starts one set of worker
+//! threads per connection and per export, so IOThreads could not be shared by
+//! several exports, and its workers own the event loop we need for polling.
+//!
+//! [`Command::Attach`]: crate::iothread::Command::Attach
+//! [`Command::Detach`]: crate::iothread::Command::Detach
+
+mod connection;
+pub mod memory;
+mod session;
+
+use std::sync::Arc;
+
+pub use connection::Connection;
+pub(crate) use session::wait_readable;
+pub use session::{serve_frontend, SessionEnd, MESSAGE_TIMEOUT};
+
+use crate::iothread::{BlockDevice, IoThreadHandle};
+use crate::mapping::VirtqueueMap;
+use crate::virtio::BlkGeometry;
+
+/// What a connection needs from its export, shared by all its connections.
+pub struct ExportShared {
+    /// Export index in the daemon.
+    pub index: usize,
+    /// Device model (geometry, features, config space).
+    pub geometry: BlkGeometry,
+    /// The device the IOThreads execute requests for.
+    pub device: Arc<BlockDevice>,
+    /// Owner IOThread of each queue.
+    pub map: VirtqueueMap,
+    /// Largest queue size the frontend may set.
+    pub max_queue_size: u16,
+    /// The IOThread pool.
+    pub iothreads: Arc<Vec<IoThreadHandle>>,
+}

@@ -1,0 +1,621 @@
+//! A hostile vhost-user frontend against a `vqblk serve` process.
+//!
+//! Every test starts a daemon with two exports, `a` (attacked) and `b`
+//! (the victim), both served by the same single IOThread, connects a
+//! well-behaved frontend to `b`, attacks `a` with one hostile case, and then
+//! checks three things ([`Rig::check`]):
+//! 1. the daemon process is still alive;
+//! 2. `b` still serves I/O (same IOThread as the attacked rings);
+//! 3. a fresh connection on `a` does I/O correctly.
+//!
+//! Every wait is bounded (see `frontend::TIMEOUT`), so a daemon that freezes
+//! fails a test instead of hanging the suite. docs/security.md lists the
+//! cases and the behaviour they check.
+
+mod common;
+#[path = "common/frontend.rs"]
+mod frontend;
+
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use frontend::*;
+
+/// A daemon with two exports on one IOThread, and a connected victim on `b`.
+struct Rig {
+    child: Child,
+    dir: PathBuf,
+    sock_a: PathBuf,
+    victim: Frontend,
+    checks: u8,
+}
+
+impl Rig {
+    fn new(name: &str) -> Rig {
+        let dir = common::scratch(&format!("hostile-{name}"));
+        let (sock_a, sock_b) = (dir.join("a.sock"), dir.join("b.sock"));
+        let cfg = dir.join("serve.toml");
+        let mut text = String::from("[iothreads]\ncount = 1\npoll = \"off\"\n");
+        for (n, s) in [("a", &sock_a), ("b", &sock_b)] {
+            text += &format!(
+                "[[export]]\nname = \"{n}\"\nimage = \"{}\"\ncreate = \"16M\"\nsocket = \"{}\"\n",
+                dir.join(format!("{n}.raw")).display(),
+                s.display()
+            );
+        }
+        std::fs::write(&cfg, text).unwrap();
+        let log = std::fs::File::create(dir.join("daemon.log")).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_vqblk"))
+            .arg("serve")
+            .arg("--config")
+            .arg(&cfg)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let t = Instant::now();
+        while !(sock_a.exists() && sock_b.exists()) {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "daemon never listened"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let mut victim = Frontend::ready(&sock_b);
+        victim.check_io(0, 3, "victim before the attack");
+        Rig {
+            child,
+            dir,
+            sock_a,
+            victim,
+            checks: 0,
+        }
+    }
+
+    /// The daemon's log so far.
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("daemon.log")).unwrap_or_default()
+    }
+
+    /// The three checks after an attack; consumes the attacker's connection.
+    fn check(&mut self, attacker: Frontend, case: &str) {
+        drop(attacker);
+        self.alive(case);
+        self.checks += 1;
+        let seed = 5 + 2 * self.checks;
+        self.victim.check_io(
+            8 + self.checks as u64 * 8,
+            seed,
+            &format!("{case}: export b"),
+        );
+        self.alive(case);
+        let mut fresh = Frontend::ready(&self.sock_a);
+        fresh.check_io(64, seed, &format!("{case}: fresh connection on a"));
+        drop(fresh);
+        self.alive(case);
+    }
+
+    fn alive(&mut self, case: &str) {
+        if let Some(status) = self.child.try_wait().unwrap() {
+            panic!("{case}: the daemon died ({status}); log:\n{}", self.log());
+        }
+    }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A connection on `a` that negotiated features and owns the device.
+fn owner(rig: &Rig) -> Frontend {
+    let mut f = Frontend::connect(&rig.sock_a);
+    f.negotiate();
+    f
+}
+
+/// Waits for `n` used entries for at most `d` (for the cases where nothing is
+/// expected: the ring must not run).
+fn no_completion_within(f: &mut Frontend, d: Duration) -> bool {
+    let t = Instant::now();
+    while t.elapsed() < d {
+        if f.mem.read_u16(USED + 2) != f.used_seen {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    true
+}
+
+#[test]
+fn oversized_message_closes_the_connection() {
+    let mut rig = Rig::new("oversized");
+    let mut f = owner(&rig);
+    // A header announcing more than the protocol's 4 KiB limit.
+    let mut m = header(req::SET_FEATURES, 0x1 | 0x8, 0x10000);
+    m.extend_from_slice(&[0u8; 64]);
+    f.raw_write(&m).unwrap();
+    assert_eq!(f.recv(), Reply::Closed);
+    rig.check(f, "oversized message");
+}
+
+#[test]
+fn truncated_message_then_silence_is_bounded() {
+    let mut rig = Rig::new("truncated");
+    let mut f = owner(&rig);
+    // Header says 8 bytes of payload; only 4 come, and the frontend keeps the
+    // connection open: the daemon gives up on it, it does not wait forever.
+    let mut m = header(req::SET_VRING_NUM, 0x1 | 0x8, 8);
+    m.extend_from_slice(&0u32.to_le_bytes());
+    f.raw_write(&m).unwrap();
+    assert_eq!(f.recv(), Reply::Closed);
+    rig.check(f, "truncated message");
+}
+
+#[test]
+fn truncated_header_then_close() {
+    let mut rig = Rig::new("truncated-header");
+    let mut f = owner(&rig);
+    f.raw_write(&header(req::SET_VRING_NUM, 0x1 | 0x8, 8)[..6])
+        .unwrap();
+    rig.check(f, "truncated header then close");
+}
+
+#[test]
+fn wrong_payload_size_is_refused() {
+    let mut rig = Rig::new("wrong-size");
+    let mut f = owner(&rig);
+    // SET_VRING_NUM with a 4-byte payload instead of 8.
+    let r = f.call_ack(req::SET_VRING_NUM, &0u32.to_le_bytes(), &[]);
+    assert!(r.refused(), "{r:?}");
+    rig.check(f, "wrong payload size");
+}
+
+#[test]
+fn messages_before_set_owner_are_refused() {
+    let mut rig = Rig::new("before-owner");
+    let mut f = Frontend::connect(&rig.sock_a);
+    // Negotiate without SET_OWNER: features are allowed, device setup is not.
+    let offered = match f.call_get(req::GET_FEATURES, &[]) {
+        Reply::Data(p) => u64::from_le_bytes(p.try_into().unwrap()),
+        r => panic!("{r:?}"),
+    };
+    f.send_flags(
+        req::SET_FEATURES,
+        1,
+        &u64_payload(offered & !(1 << 29)),
+        &[],
+    )
+    .unwrap();
+    f.send_flags(req::SET_PROTOCOL_FEATURES, 1, &u64_payload(1 << 3), &[])
+        .unwrap();
+    let r = f.set_mem_table(&[f.whole_region()]);
+    assert!(r.refused(), "SET_MEM_TABLE before SET_OWNER: {r:?}");
+    if r != Reply::Closed {
+        for (m, p) in [
+            (req::SET_VRING_NUM, state(0, 16)),
+            (req::SET_VRING_BASE, state(0, 0)),
+            (req::SET_VRING_ENABLE, state(0, 1)),
+        ] {
+            let r = f.call_ack(m, &p, &[]);
+            assert!(r.refused(), "request {m} before SET_OWNER: {r:?}");
+        }
+        // Once it owns the device, the same connection works.
+        assert!(f.call_ack(req::SET_OWNER, &[], &[]).ok());
+        assert!(f.set_mem_table(&[f.whole_region()]).ok());
+        assert!(f.setup_ring(0).ok());
+        f.check_io(16, 9, "after SET_OWNER");
+    }
+    rig.check(f, "messages before SET_OWNER");
+}
+
+#[test]
+fn vring_index_out_of_range_on_every_ack_message() {
+    let mut rig = Rig::new("vring-index");
+    let mut f = owner(&rig);
+    assert!(f.set_mem_table(&[f.whole_region()]).ok());
+    let kick = f.kick.as_raw_fd();
+    for index in [1u32, 2, 255, 0x8000_0000, u32::MAX] {
+        for (m, p) in [
+            (req::SET_VRING_NUM, state(index, 16)),
+            (req::SET_VRING_BASE, state(index, 0)),
+            (req::SET_VRING_ADDR, f.ring_addr(index)),
+            (req::SET_VRING_ENABLE, state(index, 1)),
+            (req::SET_VRING_ENABLE, state(index, 0)),
+        ] {
+            let r = f.call_ack(m, &p, &[]);
+            assert!(
+                matches!(r, Reply::Ack(n) if n != 0),
+                "request {m} on vring {index}: {r:?}"
+            );
+        }
+        // The fd messages carry the index in the low 8 bits.
+        if index < 256 {
+            for m in [req::SET_VRING_KICK, req::SET_VRING_CALL, req::SET_VRING_ERR] {
+                let r = f.call_ack(m, &u64_payload(index as u64), &[kick]);
+                assert!(
+                    matches!(r, Reply::Ack(n) if n != 0),
+                    "request {m} on vring {index}: {r:?}"
+                );
+            }
+        }
+    }
+    // The connection is intact: ring 0 still sets up and serves.
+    assert!(f.setup_ring(0).ok());
+    f.check_io(24, 11, "same connection after the refusals");
+    rig.check(f, "vring index out of range");
+}
+
+#[test]
+fn get_vring_base_out_of_range_is_answered() {
+    let mut rig = Rig::new("get-vring-base");
+    let mut f = owner(&rig);
+    let r = f.call_get(req::GET_VRING_BASE, &state(7, 0));
+    // The protocol has no error form for this reply: the daemon closes the
+    // connection rather than leave the frontend waiting.
+    assert_eq!(r, Reply::Closed, "GET_VRING_BASE on vring 7");
+    rig.check(f, "GET_VRING_BASE out of range");
+}
+
+#[test]
+fn region_bigger_than_its_file_is_refused() {
+    let mut rig = Rig::new("region-big");
+    let mut f = owner(&rig);
+    let mut r = f.whole_region();
+    r.size = 2 * MEM_SIZE;
+    let reply = f.set_mem_table(&[r]);
+    assert!(reply.refused(), "{reply:?}");
+    assert!(
+        rig.log().contains("beyond the end of its file"),
+        "{}",
+        rig.log()
+    );
+    rig.check(f, "region bigger than its file");
+}
+
+#[test]
+fn region_offset_past_eof_is_refused() {
+    let mut rig = Rig::new("region-offset");
+    let mut f = owner(&rig);
+    let mut r = f.whole_region();
+    r.size = 0x10000;
+    r.mmap_offset = 2 * MEM_SIZE;
+    let reply = f.set_mem_table(&[r]);
+    assert!(reply.refused(), "{reply:?}");
+    // Offset + size overflowing 2^64 is refused too.
+    r.mmap_offset = u64::MAX - 0x1000;
+    let reply = f.set_mem_table(&[r]);
+    assert!(reply.refused(), "{reply:?}");
+    rig.check(f, "mmap offset past end of file");
+}
+
+#[test]
+fn region_not_a_regular_file_is_refused() {
+    let mut rig = Rig::new("region-kind");
+    let mut f = owner(&rig);
+    let r = Region {
+        gpa: 0,
+        size: 0x10000,
+        user_addr: 0x7000_0000,
+        mmap_offset: 0,
+    };
+    // An eventfd where a memory file belongs.
+    let fd = f.kick.as_raw_fd();
+    let reply = f.call_ack(req::SET_MEM_TABLE, &mem_table(&[r]), &[fd]);
+    assert!(reply.refused(), "{reply:?}");
+    rig.check(f, "region backed by a non-file");
+}
+
+#[test]
+fn overlapping_regions_are_refused() {
+    let mut rig = Rig::new("overlap");
+    let mut f = owner(&rig);
+    let u = f.mem.user_addr();
+    // Guest-physical overlap.
+    let a = Region {
+        gpa: 0,
+        size: 0x80000,
+        user_addr: u,
+        mmap_offset: 0,
+    };
+    let b = Region {
+        gpa: 0x40000,
+        size: 0x80000,
+        user_addr: u + 0x80000,
+        mmap_offset: 0x40000,
+    };
+    let reply = f.set_mem_table(&[a, b]);
+    assert!(reply.refused(), "guest-physical overlap: {reply:?}");
+    // Frontend-virtual overlap (distinct guest ranges).
+    let c = Region {
+        gpa: 0x80000,
+        size: 0x80000,
+        user_addr: u + 0x40000,
+        mmap_offset: 0x80000,
+    };
+    let reply = f.set_mem_table(&[a, c]);
+    assert!(reply.refused(), "user-address overlap: {reply:?}");
+    rig.check(f, "overlapping regions");
+}
+
+#[test]
+fn too_many_regions_are_refused() {
+    let mut rig = Rig::new("many-regions");
+    let mut f = owner(&rig);
+    // 33 regions in one SET_MEM_TABLE: beyond the protocol's 32 fds.
+    let regions: Vec<Region> = (0..33u64)
+        .map(|i| Region {
+            gpa: i * 0x1000,
+            size: 0x1000,
+            user_addr: f.mem.user_addr() + i * 0x1000,
+            mmap_offset: i * 0x1000,
+        })
+        .collect();
+    let reply = f.set_mem_table(&regions);
+    assert!(reply.refused(), "33 regions: {reply:?}");
+    drop(f);
+    // ADD_MEM_REG beyond the advertised slot count.
+    let mut f = owner(&rig);
+    let slots = match f.call_get(req::GET_MAX_MEM_SLOTS, &[]) {
+        Reply::Data(p) => u64::from_le_bytes(p.try_into().unwrap()),
+        r => panic!("{r:?}"),
+    };
+    let fd = f.mem.file.as_raw_fd();
+    for i in 0..slots {
+        let r = Region {
+            gpa: i * 0x1000,
+            size: 0x1000,
+            user_addr: 0x1_0000_0000 + i * 0x1000,
+            mmap_offset: 0,
+        };
+        let reply = f.call_ack(req::ADD_MEM_REG, &single_region(&r), &[fd]);
+        assert!(reply.ok(), "slot {i} of {slots}: {reply:?}");
+    }
+    let r = Region {
+        gpa: slots * 0x1000,
+        size: 0x1000,
+        user_addr: 0x1_0000_0000 + slots * 0x1000,
+        mmap_offset: 0,
+    };
+    let reply = f.call_ack(req::ADD_MEM_REG, &single_region(&r), &[fd]);
+    assert!(
+        reply.refused(),
+        "region {} of {slots} slots: {reply:?}",
+        slots + 1
+    );
+    rig.check(f, "too many regions");
+}
+
+#[test]
+fn memfd_truncated_after_mapping_cannot_fault_the_daemon() {
+    let mut rig = Rig::new("truncate");
+    let mut f = Frontend::ready(&rig.sock_a);
+    // The daemon sealed the memfd against shrinking when it mapped it.
+    let r = f.mem.file.set_len(0x1000);
+    assert!(r.is_err(), "the frontend could shrink mapped guest memory");
+    f.check_io(32, 13, "after the truncation attempt");
+    rig.check(f, "memfd truncated after mapping");
+}
+
+#[test]
+fn bad_vring_num_leaves_the_ring_unstartable() {
+    let mut rig = Rig::new("vring-num");
+    for num in [0u32, 3, 512, 1 << 16] {
+        let mut f = owner(&rig);
+        assert!(f.set_mem_table(&[f.whole_region()]).ok());
+        let r = f.call_ack(req::SET_VRING_NUM, &state(0, num), &[]);
+        assert!(r.refused(), "SET_VRING_NUM {num}: {r:?}");
+        // Everything else a ring needs; the ring must still not run.
+        for (m, p) in [
+            (req::SET_VRING_BASE, state(0, 0)),
+            (req::SET_VRING_ADDR, f.ring_addr(0)),
+        ] {
+            assert!(f.call_ack(m, &p, &[]).ok());
+        }
+        let (kick, call) = (f.kick.as_raw_fd(), f.call.as_raw_fd());
+        assert!(f
+            .call_ack(req::SET_VRING_CALL, &u64_payload(0), &[call])
+            .ok());
+        let _ = f.call_ack(req::SET_VRING_KICK, &u64_payload(0), &[kick]);
+        let _ = f.call_ack(req::SET_VRING_ENABLE, &state(0, 1), &[]);
+        f.prepare_request(T_IN, 0);
+        f.set_desc(0, HDR, 16, DESC_NEXT, 1);
+        f.set_desc(1, DATA, 4096, DESC_WRITE | DESC_NEXT, 2);
+        f.set_desc(2, STATUS, 1, DESC_WRITE, 0);
+        f.push(0);
+        assert!(
+            no_completion_within(&mut f, Duration::from_millis(300)),
+            "SET_VRING_NUM {num} was refused, yet the ring ran"
+        );
+        // A valid size, then the ring starts with the next kick fd.
+        assert!(f.call_ack(req::SET_VRING_NUM, &state(0, 16), &[]).ok());
+        assert!(f
+            .call_ack(req::SET_VRING_KICK, &u64_payload(0), &[kick])
+            .ok());
+        assert!(f.wait_used(1).is_some(), "ring {num}: never started");
+        f.check_io(40, 15, "after a valid SET_VRING_NUM");
+        drop(f);
+    }
+    let f = owner(&rig);
+    rig.check(f, "bad SET_VRING_NUM");
+}
+
+#[test]
+fn payload_split_across_writes_is_accepted() {
+    let mut rig = Rig::new("split");
+    let mut f = owner(&rig);
+    assert!(f.set_mem_table(&[f.whole_region()]).ok());
+    // Header alone, then the payload.
+    f.raw_write(&header(req::SET_VRING_NUM, 0x1 | 0x8, 8))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(30));
+    f.raw_write(&state(0, 16)).unwrap();
+    assert_eq!(
+        f.recv(),
+        Reply::Data(u64_payload(0)),
+        "header, then payload"
+    );
+    // Header with half the payload, then the rest.
+    let mut m = header(req::SET_VRING_BASE, 0x1 | 0x8, 8);
+    m.extend_from_slice(&0u32.to_le_bytes());
+    f.raw_write(&m).unwrap();
+    std::thread::sleep(Duration::from_millis(30));
+    f.raw_write(&0u32.to_le_bytes()).unwrap();
+    assert_eq!(
+        f.recv(),
+        Reply::Data(u64_payload(0)),
+        "payload in two writes"
+    );
+    // A memory table whose fd comes with the header, payload later.
+    let t = mem_table(&[f.whole_region()]);
+    let mut m = header(req::SET_MEM_TABLE, 0x1 | 0x8, t.len() as u32);
+    m.extend_from_slice(&t[..8]);
+    f.raw_write_fds(&m, &[f.mem.file.as_raw_fd()]).unwrap();
+    std::thread::sleep(Duration::from_millis(30));
+    f.raw_write(&t[8..]).unwrap();
+    assert_eq!(f.recv(), Reply::Data(u64_payload(0)), "SET_MEM_TABLE split");
+    let addr = f.ring_addr(0);
+    assert!(f.call_ack(req::SET_VRING_ADDR, &addr, &[]).ok());
+    let (kick, call) = (f.kick.as_raw_fd(), f.call.as_raw_fd());
+    assert!(f
+        .call_ack(req::SET_VRING_CALL, &u64_payload(0), &[call])
+        .ok());
+    assert!(f
+        .call_ack(req::SET_VRING_KICK, &u64_payload(0), &[kick])
+        .ok());
+    assert!(f.call_ack(req::SET_VRING_ENABLE, &state(0, 1), &[]).ok());
+    f.check_io(48, 17, "after split messages");
+    rig.check(f, "payload split across writes");
+}
+
+/// Publishes a chain made by `build` and expects the daemon to complete it
+/// (a used entry) with an IOERR status, or at least to stay healthy.
+fn malformed_chain(case: &str, build: impl Fn(&Frontend)) {
+    let mut rig = Rig::new(case);
+    let mut f = Frontend::ready(&rig.sock_a);
+    f.prepare_request(T_IN, 0);
+    build(&f);
+    f.push(0);
+    let used = f.wait_used(1);
+    assert!(
+        used.is_some(),
+        "{case}: no used entry for the malformed chain"
+    );
+    // The ring keeps serving after the malformed chain.
+    f.check_io(56, 19, &format!("{case}: same ring afterwards"));
+    rig.check(f, case);
+}
+
+#[test]
+fn descriptor_loop() {
+    malformed_chain("desc-loop", |f| {
+        f.set_desc(0, HDR, 16, DESC_NEXT, 1);
+        f.set_desc(1, DATA, 512, DESC_WRITE | DESC_NEXT, 2);
+        f.set_desc(2, DATA + 512, 512, DESC_WRITE | DESC_NEXT, 1);
+    });
+}
+
+#[test]
+fn nested_indirect_table() {
+    malformed_chain("nested-indirect", |f| {
+        f.set_desc(0, INDIRECT, 48, DESC_INDIRECT, 0);
+        f.set_desc_at(INDIRECT, 0, HDR, 16, DESC_NEXT, 1);
+        f.set_desc_at(
+            INDIRECT,
+            1,
+            INDIRECT + 0x100,
+            32,
+            DESC_INDIRECT | DESC_NEXT,
+            2,
+        );
+        f.set_desc_at(INDIRECT, 2, STATUS, 1, DESC_WRITE, 0);
+        f.set_desc_at(INDIRECT + 0x100, 0, DATA, 512, DESC_WRITE | DESC_NEXT, 1);
+        f.set_desc_at(INDIRECT + 0x100, 1, STATUS, 1, DESC_WRITE, 0);
+    });
+}
+
+#[test]
+fn misaligned_indirect_table() {
+    malformed_chain("misaligned-indirect", |f| {
+        // Length not a multiple of 16 (virtio 1.2, 2.7.5.3.1), address odd.
+        f.set_desc(0, INDIRECT + 1, 40, DESC_INDIRECT, 0);
+        f.set_desc_at(INDIRECT, 0, HDR, 16, DESC_NEXT, 1);
+        f.set_desc_at(INDIRECT, 1, STATUS, 1, DESC_WRITE, 0);
+    });
+}
+
+#[test]
+#[ignore = "engine: defect 11.4 (a head beyond the queue size is dropped without a used entry)"]
+fn head_index_beyond_queue_size() {
+    let mut rig = Rig::new("head-range");
+    let mut f = Frontend::ready(&rig.sock_a);
+    f.prepare_request(T_IN, 0);
+    f.push(100);
+    assert!(f.wait_used(1).is_some(), "no used entry for head 100");
+    f.check_io(56, 21, "same ring afterwards");
+    rig.check(f, "head index beyond queue size");
+}
+
+#[test]
+fn head_index_beyond_queue_size_keeps_the_daemon_serving() {
+    let mut rig = Rig::new("head-range-serving");
+    let mut f = Frontend::ready(&rig.sock_a);
+    f.prepare_request(T_IN, 0);
+    f.push(100);
+    let _ = no_completion_within(&mut f, Duration::from_millis(100));
+    rig.check(f, "head index beyond queue size");
+}
+
+#[test]
+#[ignore = "engine: defect 11.1 (a ring in an impossible state freezes its IOThread)"]
+fn vring_base_beyond_avail_ring_and_kick() {
+    let mut rig = Rig::new("base-beyond");
+    let mut f = owner(&rig);
+    assert!(f.set_mem_table(&[f.whole_region()]).ok());
+    assert!(f.setup_ring(0).ok());
+    // Stop the ring, restart it from avail index 1000 on a 16-entry ring.
+    assert!(matches!(
+        f.call_get(req::GET_VRING_BASE, &state(0, 0)),
+        Reply::Data(_)
+    ));
+    assert!(f.call_ack(req::SET_VRING_BASE, &state(0, 1000), &[]).ok());
+    let kick = f.kick.as_raw_fd();
+    assert!(f
+        .call_ack(req::SET_VRING_KICK, &u64_payload(0), &[kick])
+        .ok());
+    assert!(f.call_ack(req::SET_VRING_ENABLE, &state(0, 1), &[]).ok());
+    f.kick.write(1).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    rig.check(f, "SET_VRING_BASE beyond the avail ring");
+}
+
+#[test]
+#[ignore = "engine: defect 11.1 (a ring in an impossible state freezes its IOThread)"]
+fn avail_index_jump_beyond_queue_size() {
+    let mut rig = Rig::new("avail-jump");
+    let f = Frontend::ready(&rig.sock_a);
+    f.mem.write_u16(AVAIL + 2, 100);
+    f.kick.write(1).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    rig.check(f, "avail index jump");
+}
+
+#[test]
+fn ring_addresses_outside_guest_memory_are_refused() {
+    let mut rig = Rig::new("ring-addr");
+    let mut f = owner(&rig);
+    assert!(f.set_mem_table(&[f.whole_region()]).ok());
+    let u = f.mem.user_addr();
+    for (d, us, a) in [
+        (u + MEM_SIZE, u + USED, u + AVAIL),
+        (0x1234, u + USED, u + AVAIL),
+    ] {
+        let r = f.call_ack(req::SET_VRING_ADDR, &vring_addr(0, d, us, a), &[]);
+        assert!(r.refused(), "{r:?}");
+    }
+    rig.check(f, "ring addresses outside guest memory");
+}
