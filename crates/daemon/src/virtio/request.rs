@@ -244,9 +244,12 @@ where
         }
     }
     let mem = chain.memory();
+    // The last writable byte; a descriptor whose end wraps past 2^64 has none
+    // (its wrapped address would be some unrelated low guest address).
     let status = writable
         .last()
-        .map(|s| GuestAddress(s.addr.0 + s.len as u64 - 1));
+        .and_then(|s| s.addr.0.checked_add(s.len as u64 - 1))
+        .map(GuestAddress);
     let reject = |error| Rejected {
         head,
         status,
@@ -651,6 +654,26 @@ mod tests {
         let e = err(&m, &[d(HDR, 16, false), d(STATUS, 1, true)], &l).0;
         assert_eq!(e, RequestError::Unsupported(99));
         assert_eq!(e.status(), status::UNSUPP);
+    }
+
+    /// A status descriptor whose address + length wraps past 2^64 has no
+    /// valid last byte: the request cannot be answered, and the wrapped
+    /// address (a low guest address) must never be written.
+    #[test]
+    fn status_descriptor_wrapping_the_address_space_is_rejected() {
+        let m = mem();
+        header(&m, req_type::IN, 0);
+        let r = parse_descs(
+            &m,
+            &[
+                d(HDR, 16, false),
+                d(DATA, 512, true),
+                d(u64::MAX - 2, 8, true),
+            ],
+            &limits(),
+        );
+        let r = r.expect_err("a wrapping status descriptor is refused");
+        assert_eq!((r.error, r.status), (RequestError::NoStatus, None));
     }
 
     #[test]
