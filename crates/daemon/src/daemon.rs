@@ -15,12 +15,12 @@ use log::{error, info, warn};
 use vhost::vhost_user::{BackendReqHandler, Error as VhostError};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use crate::block::{BlockError, Disk};
-use crate::config::{parse_cpuset, BackendKind, ConfigError, ServeConfig};
+use crate::block::{Backend, BlockError, Disk};
+use crate::config::{parse_cpuset, BackendKind, CacheMode, ConfigError, ServeConfig};
 use crate::iothread::{BlockDevice, IoThreadHandle, IoThreadSetup};
 use crate::stats::DaemonSnapshot;
 use crate::vhost_user::{Connection, ExportShared};
-use crate::virtio::{BlkGeometry, ID_BYTES, SECTOR_SIZE};
+use crate::virtio::{BlkGeometry, SECTOR_SIZE};
 
 /// Largest data segment we accept (virtio-blk `size_max`).
 pub const SIZE_MAX: u32 = 4 << 20;
@@ -85,8 +85,12 @@ impl Daemon {
                 }
                 kind => Disk::open(
                     c.image.as_deref().unwrap(),
-                    kind,
-                    c.cache,
+                    if kind == BackendKind::Threads {
+                        Backend::Threads
+                    } else {
+                        Backend::IoUring
+                    },
+                    c.cache == CacheMode::None,
                     c.read_only,
                     p.create,
                 )
@@ -140,17 +144,9 @@ impl Daemon {
                 read_only: c.read_only,
             };
             let limits = geometry.limits();
-            let mut serial = [0u8; ID_BYTES];
-            let s = c.serial.clone().unwrap_or_else(|| plan.name.clone());
-            let n = s.len().min(ID_BYTES);
-            serial[..n].copy_from_slice(&s.as_bytes()[..n]);
+            let serial = c.serial.as_deref().unwrap_or(&plan.name);
             let size = disk.size;
-            let device = Arc::new(BlockDevice {
-                name: plan.name.clone(),
-                disk,
-                limits,
-                serial,
-            });
+            let device = Arc::new(BlockDevice::new(plan.name.clone(), disk, limits, serial));
             let shared = Arc::new(ExportShared {
                 index,
                 geometry,
