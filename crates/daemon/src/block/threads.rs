@@ -125,3 +125,57 @@ impl Drop for PoolEngine {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::block::IoKind;
+    use std::time::Duration;
+
+    #[test]
+    fn completions_are_seen_without_the_lock_and_reaped_once() {
+        let mut pool = PoolEngine::new("t", 2).unwrap();
+        assert!(!pool.has_completions());
+        let f = tempfile::tempfile().unwrap();
+        let flush = IoOp {
+            kind: IoKind::Flush,
+            offset: 0,
+            len: 0,
+            iov: std::ptr::null(),
+            iovcnt: 0,
+            dsync: false,
+            punch: false,
+        };
+        for token in [1, 2] {
+            // SAFETY: a flush has no buffers; `f` outlives the jobs.
+            unsafe { pool.submit(f.as_raw_fd(), &flush, token).unwrap() };
+        }
+        let mut out = Vec::new();
+        for _ in 0..5000 {
+            if pool.has_completions() {
+                pool.reap(&mut out);
+            }
+            if out.len() == 2 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        out.sort_by_key(|c| c.token);
+        assert_eq!(
+            out,
+            vec![
+                Completion {
+                    token: 1,
+                    result: 0
+                },
+                Completion {
+                    token: 2,
+                    result: 0
+                }
+            ]
+        );
+        assert!(!pool.has_completions());
+        pool.reap(&mut out);
+        assert_eq!(out.len(), 2);
+    }
+}

@@ -64,12 +64,6 @@ pub struct Transfer {
     retries: u8,
 }
 
-// SAFETY: the raw pointers (iovecs into guest memory or a bounce buffer) are
-// only dereferenced by the backend the owner submits to, under the
-// `Engine::submit` contract; moving the descriptor list between threads does
-// not access them.
-unsafe impl Send for Transfer {}
-
 impl Transfer {
     /// A transfer of `kind` over `len` bytes at `offset`, reading or writing the
     /// buffers `iov` describes (Read/Write; empty otherwise).

@@ -431,7 +431,7 @@ impl IoThread {
                     let Some(q) = self.queues.get(slot) else {
                         continue;
                     };
-                    if q.has_avail(&q.memory()) {
+                    if q.has_work() {
                         ready.push(slot);
                         kicked = true;
                     } else {

@@ -21,11 +21,15 @@ use crate::virtio::status;
 
 /// A virtqueue served by this thread.
 pub(super) struct QueueSlot {
+    /// Which queue.
     pub key: QueueKey,
     queue: Queue,
+    /// The guest's kick eventfd (in the thread's epoll set while served).
     pub kick: File,
+    /// The eventfd to signal the guest with (None: poll mode frontend).
     pub call: Option<File>,
     mem: GuestMemHandle,
+    /// The device the queue belongs to.
     pub device: Arc<BlockDevice>,
     counters: Arc<QueueCounters>,
     /// Requests popped and not yet finished.
@@ -116,6 +120,12 @@ impl QueueSlot {
         self.queue
             .avail_idx(mem, Ordering::Acquire)
             .is_ok_and(|idx| idx.0 != self.queue.next_avail())
+    }
+
+    /// [`QueueSlot::has_avail`] on the current memory map (no reference
+    /// count taken).
+    pub fn has_work(&self) -> bool {
+        self.has_avail(&self.mem.memory())
     }
 
     fn break_ring(&mut self, e: virtio_queue::Error) {
