@@ -6,12 +6,12 @@
 //! popped, parsed, submitted, completed and signalled in the thread that owns its
 //! queue; nothing on that path is shared with another IOThread.
 //!
-//! - [`event_loop`]: waiting, busy-polling, naps, stale edges, control commands.
-//! - [`queue`]: a served virtqueue: pop, parse (through the device model),
+//! - `event_loop`: waiting, busy-polling, naps, stale edges, control commands.
+//! - `queue`: a served virtqueue: pop, parse (through the device model),
 //!   notification suppression, and `finish` (status byte, used ring, notify).
-//! - [`executor`]: the in-flight table, the backends and bounce buffers: a
+//! - `executor`: the in-flight table, the backends and bounce buffers: a
 //!   parsed request plus guest memory in, completions out.
-//! - [`error`]: [`ExecuteError`], the one place a virtio status is chosen.
+//! - `error`: [`ExecuteError`], the one place a virtio status is chosen.
 //!
 //! The control plane (the vhost-user connection threads) talks to an IOThread
 //! only through [`Command`]s sent over a channel plus a wake-up eventfd.

@@ -1,5 +1,8 @@
-//! The virtio-blk device model: feature bits, configuration space and request
-//! parsing. Nothing here knows about threads, sockets or backends.
+//! The virtio-blk device model: feature bits, configuration space, request
+//! parsing ([`request`]) and what the device does with a request
+//! ([`device`]: the block operation it becomes, GET_ID). Nothing here knows
+//! about threads, sockets or files; it speaks the block layer's vocabulary
+//! (`block::IoKind`) but never calls a backend.
 
 pub mod device;
 pub mod request;
