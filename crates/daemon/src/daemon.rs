@@ -14,12 +14,12 @@ use std::thread::JoinHandle;
 use log::{error, info, warn};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use crate::block::{BlockError, Disk};
-use crate::config::{parse_cpuset, BackendKind, ConfigError, ServeConfig};
+use crate::block::{Backend, BlockError, Disk};
+use crate::config::{parse_cpuset, BackendKind, CacheMode, ConfigError, ServeConfig};
 use crate::iothread::{BlockDevice, Command, IoThreadHandle, IoThreadSetup};
 use crate::stats::DaemonSnapshot;
 use crate::vhost_user::{serve_frontend, wait_readable, ExportShared, SessionEnd};
-use crate::virtio::{BlkGeometry, ID_BYTES, SECTOR_SIZE};
+use crate::virtio::{BlkGeometry, SECTOR_SIZE};
 
 /// Largest data segment we accept (virtio-blk `size_max`).
 pub const SIZE_MAX: u32 = 4 << 20;
@@ -87,8 +87,12 @@ impl Daemon {
                 }
                 kind => Disk::open(
                     c.image.as_deref().unwrap(),
-                    kind,
-                    c.cache,
+                    if kind == BackendKind::Threads {
+                        Backend::Threads
+                    } else {
+                        Backend::IoUring
+                    },
+                    c.cache == CacheMode::None,
                     c.read_only,
                     p.create,
                 )
@@ -143,17 +147,9 @@ impl Daemon {
                 read_only: c.read_only,
             };
             let limits = geometry.limits();
-            let mut serial = [0u8; ID_BYTES];
-            let s = c.serial.clone().unwrap_or_else(|| plan.name.clone());
-            let n = s.len().min(ID_BYTES);
-            serial[..n].copy_from_slice(&s.as_bytes()[..n]);
+            let serial = c.serial.as_deref().unwrap_or(&plan.name);
             let size = disk.size;
-            let device = Arc::new(BlockDevice {
-                name: plan.name.clone(),
-                disk,
-                limits,
-                serial,
-            });
+            let device = Arc::new(BlockDevice::new(plan.name.clone(), disk, limits, serial));
             let shared = Arc::new(ExportShared {
                 index,
                 geometry,

@@ -8,6 +8,7 @@
 
 mod null;
 mod threads;
+mod transfer;
 mod uring;
 
 use std::fs::{File, OpenOptions};
@@ -15,13 +16,25 @@ use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-
-use crate::config::{BackendKind, CacheMode};
 
 pub use null::NullEngine;
 pub use threads::PoolEngine;
+pub use transfer::{IoError, Next, Transfer};
 pub use uring::UringEngine;
+
+/// Which engine runs a disk's operations, with that engine's parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// No image: reads return zeroes, writes are dropped.
+    Null {
+        /// Completion latency in ns (0: at once), as QEMU's null-co `latency-ns`.
+        latency_ns: u64,
+    },
+    /// The IOThread's io_uring.
+    IoUring,
+    /// A pool of blocking worker threads per IOThread.
+    Threads,
+}
 
 /// Errors opening or preparing a disk.
 #[derive(Debug, thiserror::Error)]
@@ -63,7 +76,7 @@ pub struct Disk {
     /// The open image (None for the null backend).
     pub file: Option<File>,
     /// Which engine runs this disk's operations.
-    pub kind: BackendKind,
+    pub backend: Backend,
     /// Size in bytes (a multiple of 512).
     pub size: u64,
     /// Opened with O_DIRECT: buffers must be aligned to `align`.
@@ -74,11 +87,6 @@ pub struct Disk {
     pub logical_block_size: u32,
     /// Export is read-only.
     pub read_only: bool,
-    /// Null backend: completion latency in ns (0 = at once).
-    pub latency_ns: u64,
-    /// The guest switched the cache to writethrough (CONFIG_WCE): writes are
-    /// submitted with RWF_DSYNC.
-    pub writethrough: AtomicBool,
 }
 
 impl Disk {
@@ -87,22 +95,21 @@ impl Disk {
     pub fn null(size: u64, read_only: bool, latency_ns: u64) -> Disk {
         Disk {
             file: None,
-            kind: BackendKind::Null,
+            backend: Backend::Null { latency_ns },
             size: size / 512 * 512,
             direct: false,
             align: 1,
             logical_block_size: 512,
             read_only,
-            latency_ns,
-            writethrough: AtomicBool::new(false),
         }
     }
 
-    /// Opens (or, with `create`, creates) a raw image or block device.
+    /// Opens (or, with `create`, creates) a raw image or block device, with
+    /// O_DIRECT if `direct` (the host page cache bypassed: cache=none).
     pub fn open(
         path: &Path,
-        kind: BackendKind,
-        cache: CacheMode,
+        backend: Backend,
+        direct: bool,
         read_only: bool,
         create: Option<u64>,
     ) -> Result<Disk, BlockError> {
@@ -129,7 +136,6 @@ impl Disk {
             Err(e) => return Err(open_err(e)),
             Ok(_) => {}
         }
-        let direct = cache == CacheMode::None;
         let mut opts = OpenOptions::new();
         opts.read(true).write(!read_only);
         if direct {
@@ -155,25 +161,18 @@ impl Disk {
         }
         Ok(Disk {
             file: Some(file),
-            kind,
+            backend,
             size: size / 512 * 512,
             direct,
             align: if direct { lbs as usize } else { 1 },
             logical_block_size: lbs,
             read_only,
-            latency_ns: 0,
-            writethrough: AtomicBool::new(false),
         })
     }
 
     /// The raw fd of the image (-1 for null).
     pub fn fd(&self) -> RawFd {
         self.file.as_ref().map_or(-1, |f| f.as_raw_fd())
-    }
-
-    /// Whether writes must be durable before completing.
-    pub fn writethrough(&self) -> bool {
-        self.writethrough.load(Ordering::Relaxed)
     }
 
     /// Makes all completed writes durable (used at shutdown).
@@ -185,17 +184,15 @@ impl Disk {
     }
 }
 
+// Block device ioctls (linux/fs.h): the size in bytes, and the logical block size.
+vmm_sys_util::ioctl_ior_nr!(BLKGETSIZE64, 0x12, 114, u64);
+vmm_sys_util::ioctl_io_nr!(BLKSSZGET, 0x12, 104);
+
 fn blkdev_size(f: &File) -> io::Result<u64> {
     let mut size: u64 = 0;
-    // SAFETY: BLKGETSIZE64 writes one u64 through the pointer, which points to a
-    // live local of that type.
-    let r = unsafe {
-        libc::ioctl(
-            f.as_raw_fd(),
-            0x8008_1272, /* BLKGETSIZE64 */
-            &mut size,
-        )
-    };
+    // SAFETY: BLKGETSIZE64 writes one u64 through its argument, which is a
+    // live, exclusively borrowed u64; `f` is an open block device.
+    let r = unsafe { vmm_sys_util::ioctl::ioctl_with_mut_ref(f, BLKGETSIZE64(), &mut size) };
     if r < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -204,11 +201,9 @@ fn blkdev_size(f: &File) -> io::Result<u64> {
 
 fn blkdev_logical_block_size(f: &File) -> Option<u32> {
     let mut lbs: libc::c_int = 0;
-    // SAFETY: BLKSSZGET writes one int through the pointer, which points to a
-    // live local of that type.
-    let r = unsafe {
-        libc::ioctl(f.as_raw_fd(), 0x1268 /* BLKSSZGET */, &mut lbs)
-    };
+    // SAFETY: BLKSSZGET writes one int through its argument, which is a live,
+    // exclusively borrowed c_int; `f` is an open block device.
+    let r = unsafe { vmm_sys_util::ioctl::ioctl_with_mut_ref(f, BLKSSZGET(), &mut lbs) };
     (r == 0 && lbs >= 512).then_some(lbs as u32)
 }
 
@@ -246,8 +241,6 @@ pub struct IoOp {
     /// Use FALLOC_FL_PUNCH_HOLE for write-zeroes (allowed to unmap, or the
     /// file system lacks ZERO_RANGE).
     pub punch: bool,
-    /// Null engine: complete this many ns after submission.
-    pub latency_ns: u64,
 }
 
 /// The result of an operation: bytes transferred, or `-errno`.
@@ -328,39 +321,67 @@ pub fn clock_ns(clock: libc::clockid_t) -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// The engines of one IOThread, created on first use.
+/// The engines of one IOThread, created on first use: one io_uring, one
+/// worker pool, and one null engine per null latency.
 #[derive(Default)]
 pub struct Engines {
-    /// Completes at once.
-    pub null: NullEngine,
+    /// Null engines, by completion latency.
+    nulls: Vec<(u64, NullEngine)>,
     /// The IOThread's io_uring.
-    pub uring: Option<UringEngine>,
+    uring: Option<UringEngine>,
     /// The IOThread's blocking worker pool.
-    pub pool: Option<PoolEngine>,
+    pool: Option<PoolEngine>,
+    /// Completion eventfds of engines created since the last
+    /// [`Engines::take_new_notify_fds`].
+    new_fds: Vec<RawFd>,
 }
 
 impl Engines {
-    /// The engine for `kind`, created if needed (`name` names pool workers).
-    pub fn get(&mut self, kind: BackendKind, name: &str) -> io::Result<&mut dyn Engine> {
-        Ok(match kind {
-            BackendKind::Null => &mut self.null,
-            BackendKind::IoUring => {
-                if self.uring.is_none() {
-                    self.uring = Some(UringEngine::new(256)?);
-                }
-                self.uring.as_mut().unwrap()
+    /// The engine for `backend`, created if needed (`name` names pool workers).
+    pub fn get(&mut self, backend: Backend, name: &str) -> io::Result<&mut dyn Engine> {
+        Ok(match backend {
+            Backend::Null { latency_ns } => {
+                let i = match self.nulls.iter().position(|(l, _)| *l == latency_ns) {
+                    Some(i) => i,
+                    None => {
+                        let e = NullEngine::new(latency_ns)?;
+                        self.new_fds.extend(e.notify_fd());
+                        self.nulls.push((latency_ns, e));
+                        self.nulls.len() - 1
+                    }
+                };
+                &mut self.nulls[i].1
             }
-            BackendKind::Threads => {
-                if self.pool.is_none() {
-                    self.pool = Some(PoolEngine::new(name, 4)?);
+            Backend::IoUring => match &mut self.uring {
+                Some(u) => u,
+                u @ None => {
+                    let e = UringEngine::new(256)?;
+                    self.new_fds.extend(e.notify_fd());
+                    u.insert(e)
                 }
-                self.pool.as_mut().unwrap()
-            }
+            },
+            Backend::Threads => match &mut self.pool {
+                Some(p) => p,
+                p @ None => {
+                    let e = PoolEngine::new(name, 4)?;
+                    self.new_fds.extend(e.notify_fd());
+                    p.insert(e)
+                }
+            },
         })
+    }
+
+    /// Moves the completion eventfds of engines created since the last call
+    /// to `out` (the IOThread watches them, edge-triggered).
+    pub fn take_new_notify_fds(&mut self, out: &mut Vec<RawFd>) {
+        out.append(&mut self.new_fds);
     }
 
     /// Submits everything queued in every engine.
     pub fn commit(&mut self) -> io::Result<()> {
+        for (_, n) in &mut self.nulls {
+            n.commit()?;
+        }
         if let Some(u) = &mut self.uring {
             u.commit()?;
         }
@@ -372,14 +393,16 @@ impl Engines {
 
     /// Whether any engine has completions waiting.
     pub fn has_completions(&mut self) -> bool {
-        self.null.has_completions()
+        self.nulls.iter_mut().any(|(_, n)| n.has_completions())
             || self.uring.as_mut().is_some_and(|u| u.has_completions())
             || self.pool.as_mut().is_some_and(|p| p.has_completions())
     }
 
     /// Reaps every engine.
     pub fn reap(&mut self, out: &mut Vec<Completion>) {
-        self.null.reap(out);
+        for (_, n) in &mut self.nulls {
+            n.reap(out);
+        }
         if let Some(u) = &mut self.uring {
             u.reap(out);
         }
@@ -397,18 +420,10 @@ mod tests {
     fn missing_image_is_an_error_unless_created() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("d.raw");
-        let e =
-            Disk::open(&p, BackendKind::IoUring, CacheMode::Writeback, false, None).unwrap_err();
+        let e = Disk::open(&p, Backend::IoUring, false, false, None).unwrap_err();
         assert!(e.to_string().contains("does not exist"), "{e}");
         assert!(!p.exists());
-        let d = Disk::open(
-            &p,
-            BackendKind::IoUring,
-            CacheMode::Writeback,
-            false,
-            Some(1 << 20),
-        )
-        .unwrap();
+        let d = Disk::open(&p, Backend::IoUring, false, false, Some(1 << 20)).unwrap();
         assert_eq!(d.size, 1 << 20);
         assert!(!d.direct);
     }
@@ -416,10 +431,10 @@ mod tests {
     /// The same operations through every engine give the same file contents.
     #[test]
     fn engines_read_write_zero() {
-        for kind in [BackendKind::IoUring, BackendKind::Threads] {
+        for kind in [Backend::IoUring, Backend::Threads] {
             let dir = tempfile::tempdir().unwrap();
             let p = dir.path().join("d.raw");
-            let disk = Disk::open(&p, kind, CacheMode::Writeback, false, Some(1 << 20)).unwrap();
+            let disk = Disk::open(&p, kind, false, false, Some(1 << 20)).unwrap();
             let mut engines = Engines::default();
             let mut buf = vec![0xabu8; 8192];
             let iov = libc::iovec {
@@ -451,7 +466,6 @@ mod tests {
                 iovcnt: 1,
                 dsync: false,
                 punch: false,
-                latency_ns: 0,
             };
             assert_eq!(run(&mut engines, w), 8192, "{kind:?}");
             let f = IoOp {
@@ -462,7 +476,6 @@ mod tests {
                 iovcnt: 0,
                 dsync: false,
                 punch: false,
-                latency_ns: 0,
             };
             assert_eq!(run(&mut engines, f), 0);
             let z = IoOp {

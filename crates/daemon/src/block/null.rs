@@ -1,8 +1,9 @@
 //! The null engine: reads return zeroes, writes are dropped. Every operation
 //! completes at once, or `latency_ns` after its submission (as QEMU's null-co
-//! `latency-ns`), delivered like a device's: a timerfd raises the engine's
-//! notify fd when the earliest one is due, and a polling IOThread sees it due
-//! from the clock.
+//! `latency-ns`; the latency is the engine's, given at construction),
+//! delivered like a device's: a timerfd raises the engine's notify fd when the
+//! earliest one is due, and a polling IOThread sees it due from the clock. A
+//! flush has nothing to make durable and completes at once.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -14,6 +15,8 @@ use super::{clock_ns, Completion, Engine, IoKind, IoOp};
 /// Completes operations in the submitting IOThread, at once or when due.
 #[derive(Default)]
 pub struct NullEngine {
+    /// Completion latency, ns (0: at once).
+    latency_ns: u64,
     done: Vec<Completion>,
     /// Delayed completions by due time (CLOCK_MONOTONIC ns), earliest first.
     delayed: BinaryHeap<Reverse<(u64, u64, i32)>>,
@@ -24,9 +27,12 @@ pub struct NullEngine {
 }
 
 impl NullEngine {
-    /// A null engine whose timer exists from the start (it is otherwise made
-    /// by the first delayed operation).
-    pub fn with_timer() -> io::Result<Self> {
+    /// A null engine whose operations complete `latency_ns` after submission
+    /// (with a latency, its timer and notify fd exist from the start).
+    pub fn new(latency_ns: u64) -> io::Result<Self> {
+        if latency_ns == 0 {
+            return Ok(NullEngine::default());
+        }
         // SAFETY: timerfd_create takes no pointers; the result is checked.
         let fd = unsafe {
             libc::timerfd_create(
@@ -38,6 +44,7 @@ impl NullEngine {
             return Err(io::Error::last_os_error());
         }
         Ok(NullEngine {
+            latency_ns,
             // SAFETY: `fd` is a fresh descriptor that nothing else owns.
             timer: Some(unsafe { OwnedFd::from_raw_fd(fd) }),
             ..Default::default()
@@ -94,14 +101,12 @@ impl Engine for NullEngine {
             IoKind::Read | IoKind::Write => op.len.min(i32::MAX as u64) as i32,
             _ => 0,
         };
-        if op.latency_ns == 0 {
-            self.done.push(Completion { token, result });
-        } else {
-            if self.timer.is_none() {
-                self.timer = NullEngine::with_timer()?.timer;
+        match &self.timer {
+            Some(_) if op.kind != IoKind::Flush => {
+                let due = clock_ns(libc::CLOCK_MONOTONIC) + self.latency_ns;
+                self.delayed.push(Reverse((due, token, result)));
             }
-            let due = clock_ns(libc::CLOCK_MONOTONIC) + op.latency_ns;
-            self.delayed.push(Reverse((due, token, result)));
+            _ => self.done.push(Completion { token, result }),
         }
         Ok(())
     }
@@ -144,24 +149,24 @@ mod tests {
     use super::*;
     use std::time::{Duration, Instant};
 
-    fn op(latency_ns: u64) -> IoOp {
+    fn op() -> IoOp {
         IoOp {
-            kind: IoKind::Flush,
+            kind: IoKind::Discard,
             offset: 0,
-            len: 0,
+            len: 4096,
             iov: std::ptr::null(),
             iovcnt: 0,
             dsync: false,
             punch: false,
-            latency_ns,
         }
     }
 
     #[test]
     fn immediate_without_latency() {
-        let mut e = NullEngine::default();
-        // SAFETY: a flush has no buffers.
-        unsafe { e.submit(-1, &op(0), 7).unwrap() };
+        let mut e = NullEngine::new(0).unwrap();
+        assert_eq!(e.notify_fd(), None);
+        // SAFETY: a discard has no buffers.
+        unsafe { e.submit(-1, &op(), 7).unwrap() };
         assert!(e.has_completions());
         let mut out = Vec::new();
         e.reap(&mut out);
@@ -177,19 +182,21 @@ mod tests {
 
     #[test]
     fn delayed_completions_come_due_in_order_and_raise_the_timer() {
-        let mut e = NullEngine::with_timer().unwrap();
+        let mut e = NullEngine::new(40_000_000).unwrap();
         let fd = e.notify_fd().unwrap();
         let t = Instant::now();
-        // SAFETY: flushes have no buffers.
-        unsafe {
-            e.submit(-1, &op(40_000_000), 2).unwrap();
-            e.submit(-1, &op(20_000_000), 1).unwrap();
-        }
+        // SAFETY: discards have no buffers.
+        unsafe { e.submit(-1, &op(), 1).unwrap() };
+        std::thread::sleep(Duration::from_millis(20));
+        // SAFETY: as above.
+        unsafe { e.submit(-1, &op(), 2).unwrap() };
         e.commit().unwrap();
-        assert!(!e.has_completions());
         let mut out = Vec::new();
-        e.reap(&mut out);
-        assert!(out.is_empty());
+        if t.elapsed() < Duration::from_millis(35) {
+            assert!(!e.has_completions());
+            e.reap(&mut out);
+            assert!(out.is_empty());
+        }
         // The timer fd becomes readable when the first one is due.
         let mut pfd = libc::pollfd {
             fd,
@@ -198,21 +205,37 @@ mod tests {
         };
         // SAFETY: one live pollfd.
         assert_eq!(unsafe { libc::poll(&mut pfd, 1, 1000) }, 1);
-        assert!(t.elapsed() >= Duration::from_millis(20));
+        assert!(t.elapsed() >= Duration::from_millis(40));
         assert!(e.has_completions());
         e.reap(&mut out);
-        assert_eq!(
-            out,
-            vec![Completion {
-                token: 1,
-                result: 0
-            }]
-        );
+        assert_eq!(out[0].token, 1);
         std::thread::sleep(Duration::from_millis(25));
         e.reap(&mut out);
         assert_eq!(out.len(), 2);
         assert_eq!(out[1].token, 2);
-        assert!(t.elapsed() >= Duration::from_millis(40));
+        assert!(t.elapsed() >= Duration::from_millis(60));
         assert!(!e.has_completions());
+    }
+
+    #[test]
+    fn flush_completes_at_once_even_with_a_latency() {
+        let mut e = NullEngine::new(1_000_000_000).unwrap();
+        let flush = IoOp {
+            kind: IoKind::Flush,
+            len: 0,
+            ..op()
+        };
+        // SAFETY: a flush has no buffers.
+        unsafe { e.submit(-1, &flush, 3).unwrap() };
+        assert!(e.has_completions());
+        let mut out = Vec::new();
+        e.reap(&mut out);
+        assert_eq!(
+            out,
+            vec![Completion {
+                token: 3,
+                result: 0
+            }]
+        );
     }
 }

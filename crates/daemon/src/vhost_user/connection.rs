@@ -468,8 +468,9 @@ impl VhostUserBackendReqHandlerMut for Connection {
         size: u32,
         _flags: VhostUserConfigFlags,
     ) -> VhostResult<Vec<u8>> {
-        let writeback = !self.export.device.disk.writethrough();
+        let writeback = !self.export.device.writethrough();
         let cfg = self.export.geometry.config_space(writeback);
+        let cfg = cfg.bytes();
         let (o, s) = (offset as usize, size as usize);
         // Reads past our struct return zeroes, like a device with a longer config.
         let mut out = vec![0u8; s];
@@ -490,11 +491,7 @@ impl VhostUserBackendReqHandlerMut for Connection {
         // Only the writeback byte is writable (virtio spec 5.2.5, CONFIG_WCE).
         if offset as usize == CONFIG_WRITEBACK_OFFSET && buf.len() == 1 {
             let writethrough = buf[0] == 0;
-            self.export
-                .device
-                .disk
-                .writethrough
-                .store(writethrough, std::sync::atomic::Ordering::Relaxed);
+            self.export.device.set_writethrough(writethrough);
             info!(
                 "{}: guest set cache mode to {}",
                 self.export.device.name,

@@ -1,74 +1,100 @@
-//! The virtio-blk device model: feature bits, configuration space and request
-//! parsing. Nothing here knows about threads, sockets or backends.
+//! The virtio-blk device model: feature bits, configuration space, request
+//! parsing ([`request`]) and what the device does with a request
+//! ([`device`]: the block operation it becomes, GET_ID). Nothing here knows
+//! about threads, sockets or files; it speaks the block layer's vocabulary
+//! (`block::IoKind`) but never calls a backend.
 
+pub mod device;
 pub mod request;
 
-/// Request types (virtio spec 1.2, 5.2.6).
+use virtio_bindings::virtio_blk::virtio_blk_config;
+use vm_memory::ByteValued;
+
+/// Request types (virtio spec 1.2, 5.2.6), from virtio-bindings.
 pub mod req_type {
-    /// Read (device writes guest memory).
-    pub const IN: u32 = 0;
-    /// Write.
-    pub const OUT: u32 = 1;
-    /// Flush the volatile write cache.
-    pub const FLUSH: u32 = 4;
-    /// Read the device serial (20 bytes).
-    pub const GET_ID: u32 = 8;
-    /// Discard (unmap) sectors.
-    pub const DISCARD: u32 = 11;
-    /// Write zeroes, optionally unmapping.
-    pub const WRITE_ZEROES: u32 = 13;
+    pub use virtio_bindings::virtio_blk::{
+        VIRTIO_BLK_T_DISCARD as DISCARD, VIRTIO_BLK_T_FLUSH as FLUSH,
+        VIRTIO_BLK_T_GET_ID as GET_ID, VIRTIO_BLK_T_IN as IN, VIRTIO_BLK_T_OUT as OUT,
+        VIRTIO_BLK_T_WRITE_ZEROES as WRITE_ZEROES,
+    };
 }
 
-/// Status byte values (virtio spec 1.2, 5.2.6).
+/// Status byte values (virtio spec 1.2, 5.2.6), from virtio-bindings.
 pub mod status {
+    use virtio_bindings::virtio_blk::{VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP};
     /// Success.
-    pub const OK: u8 = 0;
+    pub const OK: u8 = VIRTIO_BLK_S_OK as u8;
     /// Device or driver error.
-    pub const IOERR: u8 = 1;
+    pub const IOERR: u8 = VIRTIO_BLK_S_IOERR as u8;
     /// Request type not supported.
-    pub const UNSUPP: u8 = 2;
+    pub const UNSUPP: u8 = VIRTIO_BLK_S_UNSUPP as u8;
 }
 
-/// Feature bits we offer (virtio spec 1.2, 5.2.3, 6 and 2.7).
+/// Feature bits we offer (virtio spec 1.2, 5.2.3, 6 and 2.7), as masks of the
+/// virtio-bindings bit numbers.
 pub mod features {
+    use virtio_bindings::virtio_blk::*;
+    use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+    use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
+
     /// Maximum size of any single segment is in `size_max`.
-    pub const BLK_SIZE_MAX: u64 = 1 << 1;
+    pub const BLK_SIZE_MAX: u64 = 1 << VIRTIO_BLK_F_SIZE_MAX;
     /// Maximum number of segments in a request is in `seg_max`.
-    pub const BLK_SEG_MAX: u64 = 1 << 2;
+    pub const BLK_SEG_MAX: u64 = 1 << VIRTIO_BLK_F_SEG_MAX;
     /// Device is read-only.
-    pub const BLK_RO: u64 = 1 << 5;
+    pub const BLK_RO: u64 = 1 << VIRTIO_BLK_F_RO;
     /// Block size of disk is in `blk_size`.
-    pub const BLK_BLK_SIZE: u64 = 1 << 6;
+    pub const BLK_BLK_SIZE: u64 = 1 << VIRTIO_BLK_F_BLK_SIZE;
     /// Cache flush command support.
-    pub const BLK_FLUSH: u64 = 1 << 9;
+    pub const BLK_FLUSH: u64 = 1 << VIRTIO_BLK_F_FLUSH;
     /// Device exports information on optimal I/O alignment.
-    pub const BLK_TOPOLOGY: u64 = 1 << 10;
+    pub const BLK_TOPOLOGY: u64 = 1 << VIRTIO_BLK_F_TOPOLOGY;
     /// Device can toggle its cache between writeback and writethrough modes.
-    pub const BLK_CONFIG_WCE: u64 = 1 << 11;
+    pub const BLK_CONFIG_WCE: u64 = 1 << VIRTIO_BLK_F_CONFIG_WCE;
     /// Device supports multiqueue.
-    pub const BLK_MQ: u64 = 1 << 12;
+    pub const BLK_MQ: u64 = 1 << VIRTIO_BLK_F_MQ;
     /// Device can support discard command.
-    pub const BLK_DISCARD: u64 = 1 << 13;
+    pub const BLK_DISCARD: u64 = 1 << VIRTIO_BLK_F_DISCARD;
     /// Device can support write zeroes command.
-    pub const BLK_WRITE_ZEROES: u64 = 1 << 14;
+    pub const BLK_WRITE_ZEROES: u64 = 1 << VIRTIO_BLK_F_WRITE_ZEROES;
     /// Indirect descriptors.
-    pub const RING_INDIRECT_DESC: u64 = 1 << 28;
+    pub const RING_INDIRECT_DESC: u64 = 1 << VIRTIO_RING_F_INDIRECT_DESC;
     /// used_event / avail_event notification suppression.
-    pub const RING_EVENT_IDX: u64 = 1 << 29;
+    pub const RING_EVENT_IDX: u64 = 1 << VIRTIO_RING_F_EVENT_IDX;
     /// vhost-user: protocol feature negotiation (bit 30).
-    pub const VHOST_USER_PROTOCOL_FEATURES: u64 = 1 << 30;
+    pub const VHOST_USER_PROTOCOL_FEATURES: u64 =
+        vhost::vhost_user::message::VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
     /// Compliance with virtio 1.x.
-    pub const VERSION_1: u64 = 1 << 32;
+    pub const VERSION_1: u64 = 1 << VIRTIO_F_VERSION_1;
 }
 
 /// Logical sector size of the virtio-blk protocol: offsets are in 512-byte units.
 pub const SECTOR_SIZE: u64 = 512;
 /// Length of the GET_ID answer.
 pub const ID_BYTES: usize = 20;
-/// Size of the config space we expose (through `write_zeroes_may_unmap` and padding).
-pub const CONFIG_SPACE_SIZE: usize = 60;
+/// Size of the config space we expose (through `write_zeroes_may_unmap` and
+/// padding; the secure-erase and zoned fields after it are not offered).
+pub const CONFIG_SPACE_SIZE: usize =
+    std::mem::offset_of!(virtio_blk_config, max_secure_erase_sectors);
 /// Offset of the `writeback` byte in the config space.
-pub const CONFIG_WRITEBACK_OFFSET: usize = 32;
+pub const CONFIG_WRITEBACK_OFFSET: usize = std::mem::offset_of!(virtio_blk_config, wce);
+
+/// `struct virtio_blk_config` (virtio spec 1.2, 5.2.4) as virtio-bindings
+/// lays it out, readable as bytes.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+#[repr(transparent)]
+pub struct BlkConfig(pub virtio_blk_config);
+
+// SAFETY: `virtio_blk_config` is a `repr(C, packed)` struct of integers and
+// integer arrays only: it has no padding and every bit pattern is valid.
+unsafe impl ByteValued for BlkConfig {}
+
+impl BlkConfig {
+    /// The bytes the guest sees (the first [`CONFIG_SPACE_SIZE`]).
+    pub fn bytes(&self) -> &[u8] {
+        &self.as_slice()[..CONFIG_SPACE_SIZE]
+    }
+}
 
 /// Device limits, the values behind the configuration space.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -133,29 +159,29 @@ impl BlkGeometry {
 
     /// The config space (virtio spec 1.2, 5.2.4, `struct virtio_blk_config`),
     /// little-endian, with the given `writeback` byte.
-    pub fn config_space(&self, writeback: bool) -> [u8; CONFIG_SPACE_SIZE] {
-        let mut c = [0u8; CONFIG_SPACE_SIZE];
-        c[0..8].copy_from_slice(&self.capacity_sectors.to_le_bytes());
-        c[8..12].copy_from_slice(&self.size_max.to_le_bytes());
-        c[12..16].copy_from_slice(&self.seg_max.to_le_bytes());
-        // 16..20: geometry (cylinders, heads, sectors): not offered.
-        c[20..24].copy_from_slice(&self.blk_size.to_le_bytes());
-        // topology: physical_block_exp, alignment_offset, min_io_size (in
-        // logical blocks), opt_io_size (in logical blocks).
-        c[24] = self.physical_block_exp;
-        c[25] = 0;
-        c[26..28].copy_from_slice(&1u16.to_le_bytes());
-        c[28..32].copy_from_slice(&0u32.to_le_bytes());
-        c[CONFIG_WRITEBACK_OFFSET] = writeback as u8;
-        c[34..36].copy_from_slice(&self.num_queues.to_le_bytes());
-        c[36..40].copy_from_slice(&self.max_discard_sectors.to_le_bytes());
-        c[40..44].copy_from_slice(&1u32.to_le_bytes()); // max_discard_seg
-        let align = self.blk_size / SECTOR_SIZE as u32;
-        c[44..48].copy_from_slice(&align.max(1).to_le_bytes()); // discard_sector_alignment
-        c[48..52].copy_from_slice(&self.max_write_zeroes_sectors.to_le_bytes());
-        c[52..56].copy_from_slice(&1u32.to_le_bytes()); // max_write_zeroes_seg
-        c[56] = self.write_zeroes_may_unmap as u8;
-        c
+    pub fn config_space(&self, writeback: bool) -> BlkConfig {
+        let align = (self.blk_size / SECTOR_SIZE as u32).max(1);
+        BlkConfig(virtio_blk_config {
+            capacity: self.capacity_sectors.to_le(),
+            size_max: self.size_max.to_le(),
+            seg_max: self.seg_max.to_le(),
+            // geometry (cylinders, heads, sectors): not offered.
+            blk_size: self.blk_size.to_le(),
+            // topology: min_io_size and opt_io_size in logical blocks.
+            physical_block_exp: self.physical_block_exp,
+            alignment_offset: 0,
+            min_io_size: 1u16.to_le(),
+            opt_io_size: 0,
+            wce: writeback as u8,
+            num_queues: self.num_queues.to_le(),
+            max_discard_sectors: self.max_discard_sectors.to_le(),
+            max_discard_seg: 1u32.to_le(),
+            discard_sector_alignment: align.to_le(),
+            max_write_zeroes_sectors: self.max_write_zeroes_sectors.to_le(),
+            max_write_zeroes_seg: 1u32.to_le(),
+            write_zeroes_may_unmap: self.write_zeroes_may_unmap as u8,
+            ..Default::default()
+        })
     }
 }
 
@@ -180,16 +206,48 @@ mod tests {
 
     #[test]
     fn config_space_layout() {
-        let c = geo().config_space(true);
+        let cfg = geo().config_space(true);
+        let c = cfg.bytes();
+        assert_eq!(c.len(), 60);
+        assert_eq!(CONFIG_WRITEBACK_OFFSET, 32);
         assert_eq!(u64::from_le_bytes(c[0..8].try_into().unwrap()), 2048);
+        assert_eq!(u32::from_le_bytes(c[8..12].try_into().unwrap()), 1 << 20);
         assert_eq!(u32::from_le_bytes(c[12..16].try_into().unwrap()), 126);
+        assert_eq!(&c[16..20], &[0; 4]); // no geometry
         assert_eq!(u32::from_le_bytes(c[20..24].try_into().unwrap()), 512);
         assert_eq!(c[24], 3);
+        assert_eq!(c[25], 0);
+        assert_eq!(u16::from_le_bytes(c[26..28].try_into().unwrap()), 1);
+        assert_eq!(u32::from_le_bytes(c[28..32].try_into().unwrap()), 0);
         assert_eq!(c[32], 1);
         assert_eq!(u16::from_le_bytes(c[34..36].try_into().unwrap()), 4);
+        assert_eq!(u32::from_le_bytes(c[36..40].try_into().unwrap()), 1 << 20);
         assert_eq!(u32::from_le_bytes(c[40..44].try_into().unwrap()), 1);
+        assert_eq!(u32::from_le_bytes(c[44..48].try_into().unwrap()), 1);
+        assert_eq!(u32::from_le_bytes(c[48..52].try_into().unwrap()), 1 << 20);
+        assert_eq!(u32::from_le_bytes(c[52..56].try_into().unwrap()), 1);
         assert_eq!(c[56], 1);
-        assert_eq!(geo().config_space(false)[32], 0);
+        assert_eq!(&c[57..60], &[0; 3]);
+        assert_eq!(geo().config_space(false).bytes()[32], 0);
+    }
+
+    #[test]
+    fn constants_match_the_spec() {
+        assert_eq!(
+            (
+                req_type::IN,
+                req_type::OUT,
+                req_type::FLUSH,
+                req_type::GET_ID
+            ),
+            (0, 1, 4, 8)
+        );
+        assert_eq!((req_type::DISCARD, req_type::WRITE_ZEROES), (11, 13));
+        assert_eq!((status::OK, status::IOERR, status::UNSUPP), (0, 1, 2));
+        assert_eq!(features::BLK_MQ, 1 << 12);
+        assert_eq!(features::RING_EVENT_IDX, 1 << 29);
+        assert_eq!(features::VHOST_USER_PROTOCOL_FEATURES, 1 << 30);
+        assert_eq!(features::VERSION_1, 1 << 32);
     }
 
     #[test]

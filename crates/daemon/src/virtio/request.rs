@@ -11,7 +11,7 @@ use std::ops::Deref;
 use virtio_queue::DescriptorChain;
 use vm_memory::{Bytes, GuestAddress, GuestMemory};
 
-use super::{req_type, status, SECTOR_SIZE};
+use super::{req_type, SECTOR_SIZE};
 
 /// A guest-physical buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,7 +64,44 @@ pub enum Operation {
     },
 }
 
+/// The kind of a request, for counters and for what its used length reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReqKind {
+    /// VIRTIO_BLK_T_IN.
+    Read,
+    /// VIRTIO_BLK_T_OUT.
+    Write,
+    /// VIRTIO_BLK_T_FLUSH.
+    Flush,
+    /// VIRTIO_BLK_T_GET_ID.
+    GetId,
+    /// VIRTIO_BLK_T_DISCARD.
+    Discard,
+    /// VIRTIO_BLK_T_WRITE_ZEROES.
+    WriteZeroes,
+}
+
+impl ReqKind {
+    /// Whether the device writes data into guest buffers (the bytes written
+    /// count in the used length, virtio spec 1.2, 2.7.8).
+    pub fn writes_guest(self) -> bool {
+        matches!(self, ReqKind::Read | ReqKind::GetId)
+    }
+}
+
 impl Operation {
+    /// The kind of operation.
+    pub fn kind(&self) -> ReqKind {
+        match self {
+            Operation::Read { .. } => ReqKind::Read,
+            Operation::Write { .. } => ReqKind::Write,
+            Operation::Flush => ReqKind::Flush,
+            Operation::GetId { .. } => ReqKind::GetId,
+            Operation::Discard { .. } => ReqKind::Discard,
+            Operation::WriteZeroes { .. } => ReqKind::WriteZeroes,
+        }
+    }
+
     /// Bytes moved between guest memory and the disk.
     pub fn data_len(&self) -> u64 {
         match self {
@@ -87,8 +124,8 @@ pub struct Request {
     pub status: GuestAddress,
 }
 
-/// Why a request was refused. [`RequestError::status`] maps each to the status
-/// byte the spec requires; this is the one place that decision is made.
+/// Why a request was refused. `iothread::ExecuteError::status` maps each to
+/// the status byte the spec requires.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RequestError {
     /// No device-writable byte for the status (cannot even report the error).
@@ -128,24 +165,15 @@ pub enum RequestError {
     /// Write, discard or write-zeroes on a read-only export.
     #[error("write to a read-only export")]
     ReadOnly,
-    /// Discard / write-zeroes payload malformed (count or reserved flags).
+    /// Discard / write-zeroes payload malformed (range count or sector count).
     #[error("malformed discard/write-zeroes payload: {0}")]
     BadRange(&'static str),
+    /// Discard with "unmap", or reserved flag bits set (the flags given).
+    #[error("discard/write-zeroes flags {0:#x}: unmap or reserved bits set")]
+    BadFlags(u32),
     /// Unknown request type.
     #[error("unsupported request type {0}")]
     Unsupported(u32),
-}
-
-impl RequestError {
-    /// The status byte for this error (virtio spec 1.2, 5.2.6.1-2).
-    pub fn status(&self) -> u8 {
-        match self {
-            RequestError::Unsupported(_) => status::UNSUPP,
-            // "unmap" on DISCARD and reserved flags: the device MUST set UNSUPP.
-            RequestError::BadRange(m) if m.starts_with("flags") => status::UNSUPP,
-            _ => status::IOERR,
-        }
-    }
 }
 
 /// A refused request: enough to complete it with an error status.
@@ -244,9 +272,12 @@ where
         }
     }
     let mem = chain.memory();
+    // The last writable byte; a descriptor whose end wraps past 2^64 has none
+    // (its wrapped address would be some unrelated low guest address).
     let status = writable
         .last()
-        .map(|s| GuestAddress(s.addr.0 + s.len as u64 - 1));
+        .and_then(|s| s.addr.0.checked_add(s.len as u64 - 1))
+        .map(GuestAddress);
     let reject = |error| Rejected {
         head,
         status,
@@ -345,9 +376,7 @@ where
                 (limits.max_write_zeroes_sectors, WRITE_ZEROES_FLAG_UNMAP)
             };
             if flags & !allowed != 0 {
-                return Err(reject(RequestError::BadRange(
-                    "flags: unmap or reserved bits set",
-                )));
+                return Err(reject(RequestError::BadFlags(flags)));
             }
             if num_sectors == 0 || num_sectors > max {
                 return Err(reject(RequestError::BadRange(
@@ -564,7 +593,6 @@ mod tests {
             (e.clone(), s),
             (RequestError::ShortHeader(8), Some(GuestAddress(STATUS)))
         );
-        assert_eq!(e.status(), status::IOERR);
         // Read with device-readable data: wrong direction.
         assert_eq!(
             err(
@@ -650,7 +678,26 @@ mod tests {
         header(&m, 99, 0);
         let e = err(&m, &[d(HDR, 16, false), d(STATUS, 1, true)], &l).0;
         assert_eq!(e, RequestError::Unsupported(99));
-        assert_eq!(e.status(), status::UNSUPP);
+    }
+
+    /// A status descriptor whose address + length wraps past 2^64 has no
+    /// valid last byte: the request cannot be answered, and the wrapped
+    /// address (a low guest address) must never be written.
+    #[test]
+    fn status_descriptor_wrapping_the_address_space_is_rejected() {
+        let m = mem();
+        header(&m, req_type::IN, 0);
+        let r = parse_descs(
+            &m,
+            &[
+                d(HDR, 16, false),
+                d(DATA, 512, true),
+                d(u64::MAX - 2, 8, true),
+            ],
+            &limits(),
+        );
+        let r = r.expect_err("a wrapping status descriptor is refused");
+        assert_eq!((r.error, r.status), (RequestError::NoStatus, None));
     }
 
     #[test]
@@ -704,14 +751,14 @@ mod tests {
         );
         range(&m, 8, 16, 1);
         let e = err(&m, &descs, &l).0;
-        assert_eq!(e.status(), status::UNSUPP, "unmap flag on discard");
+        assert_eq!(e, RequestError::BadFlags(1), "unmap flag on discard");
         range(&m, 2040, 16, 0);
         assert!(matches!(
             err(&m, &descs, &l).0,
             RequestError::OutOfRange { .. }
         ));
         range(&m, 0, 0, 0);
-        assert_eq!(err(&m, &descs, &l).0.status(), status::IOERR);
+        assert!(matches!(err(&m, &descs, &l).0, RequestError::BadRange(_)));
         header(&m, req_type::WRITE_ZEROES, 0);
         range(&m, 0, 8, 1);
         assert_eq!(
@@ -724,8 +771,8 @@ mod tests {
         );
         range(&m, 0, 8, 2);
         assert_eq!(
-            err(&m, &descs, &l).0.status(),
-            status::UNSUPP,
+            err(&m, &descs, &l).0,
+            RequestError::BadFlags(2),
             "reserved flag"
         );
         // Two ranges: we advertise max_*_seg = 1.

@@ -1,0 +1,597 @@
+//! The IOThread's event loop: waits for kicks, completions and commands
+//! (epoll), busy-polls the rings and backends when its [`PollPolicy`] says so,
+//! naps (hybrid polling), ignores stale edges, and runs the control
+//! commands. Requests are popped and finished by the [`queue`](super::queue)
+//! layer and executed by the [`executor`](super::executor).
+
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Receiver;
+use std::sync::Arc;
+use std::time::Instant;
+
+use log::{debug, error, info};
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::eventfd::EventFd;
+
+use super::executor::{Executor, SlotId};
+use super::queue::{QueueSlot, Queues};
+use super::{Command, GuestMem, IoThreadSetup, QueueAttach};
+use crate::block::clock_ns;
+use crate::poll::{PollMode, PollPolicy};
+use crate::stats::IoThreadStats;
+
+/// epoll token of the command wake-up eventfd.
+pub(super) const TOKEN_WAKE: u64 = 0;
+/// epoll token of every backend's completion eventfd.
+const TOKEN_COMPLETION: u64 = 1;
+/// epoll token of queue slot `i`'s kick fd: `TOKEN_KICK_BASE + i`.
+const TOKEN_KICK_BASE: u64 = 16;
+
+/// Policy source index of the backend completions.
+const SOURCE_COMPLETIONS: usize = 0;
+
+/// How the control plane reaches an IOThread.
+pub(super) struct Channels {
+    /// The thread's epoll set (the wake eventfd already in it).
+    pub epoll: Epoll,
+    /// Written after a command is sent.
+    pub wake: Arc<EventFd>,
+    /// Commands.
+    pub rx: Receiver<Command>,
+    /// Set before `wake` is written, so polling sees commands without a syscall.
+    pub pending: Arc<AtomicBool>,
+}
+
+/// One IOThread's state: its queues, its executor, its polling policy.
+pub(super) struct IoThread {
+    name: String,
+    epoll: Epoll,
+    wake: Arc<EventFd>,
+    rx: Receiver<Command>,
+    pending: Arc<AtomicBool>,
+    queues: Queues,
+    executor: Executor,
+    stats: Arc<IoThreadStats>,
+    stopping: bool,
+    /// Scratch list of (slot, memory snapshot) for a polling slice.
+    poll_mems: Vec<(SlotId, Arc<GuestMem>)>,
+    /// Scratch list of new backend completion fds to watch.
+    new_fds: Vec<RawFd>,
+    /// Source 0 is the backends' completions, source 1 + i is queue slot i.
+    policy: PollPolicy,
+    /// A control command was handled during this pass.
+    commanded: bool,
+    /// Origin of the policy's clock.
+    epoch: Instant,
+}
+
+impl IoThread {
+    /// A thread named `name` with no queue yet.
+    pub fn new(
+        name: String,
+        channels: Channels,
+        stats: Arc<IoThreadStats>,
+        setup: &IoThreadSetup,
+    ) -> IoThread {
+        let Channels {
+            epoll,
+            wake,
+            rx,
+            pending,
+        } = channels;
+        IoThread {
+            executor: Executor::new(name.clone()),
+            name,
+            epoll,
+            wake,
+            rx,
+            pending,
+            queues: Queues::new(stats.clone()),
+            stats,
+            stopping: false,
+            poll_mems: Vec::new(),
+            new_fds: Vec::new(),
+            policy: PollPolicy::new(setup.poll_mode, setup.poll_params, 1),
+            commanded: false,
+            epoch: Instant::now(),
+        }
+    }
+
+    /// Serves until stopped (and drained).
+    pub fn run(&mut self) {
+        if self.policy.mode() == PollMode::Adaptive {
+            self.calibrate_naps();
+        }
+        debug!("{} started ({:?} polling)", self.name, self.policy.mode());
+        let mut events = vec![EpollEvent::default(); 64];
+        let mut ready: Vec<SlotId> = Vec::new();
+        let mut sources: Vec<usize> = Vec::new();
+        loop {
+            if self.stopping && self.queues.inflight() == 0 {
+                break;
+            }
+            self.commanded = false;
+            let serving = self.serving();
+            let window = if serving { self.policy.poll_ns() } else { 0 };
+            self.stats.poll_window_ns.set(window.min(i64::MAX as u64));
+            let t0 = Instant::now();
+            let mut completed = false;
+            let mut polled_hit = false;
+            let mut slept = false;
+            // Hybrid polling (adaptive): sleep through the part of the wait in
+            // which no event is expected (notifications armed, as in any
+            // sleep), then spin for the event the nap expected.
+            let nap = if serving {
+                self.policy.nap_at(self.clock_ns(t0))
+            } else {
+                0
+            };
+            if window > 0 || nap > 0 {
+                let mut deadline = window;
+                if nap > 0 {
+                    self.arm_notifications(&mut ready);
+                    if ready.is_empty() {
+                        self.stats.naps.add(1);
+                        slept = true;
+                        self.nap(nap, &mut events, &mut ready, &mut completed);
+                        let spin = self.policy.nap_spin_ns();
+                        deadline = deadline.max(t0.elapsed().as_nanos() as u64 + spin);
+                    }
+                }
+                // A command handled during the nap (a queue to detach, say) is
+                // answered at the end of this pass: do not spin or sleep first.
+                if self.nothing_yet(&ready, completed) {
+                    slept = false;
+                    self.stats.poll_attempts.add(1);
+                    let t = Instant::now();
+                    polled_hit = self.poll(deadline, t0, &mut ready, &mut completed);
+                    self.stats.poll_ns.add(t.elapsed().as_nanos() as u64);
+                }
+            }
+            if !polled_hit && !slept {
+                // About to sleep: re-enable guest notifications, then look at the
+                // rings once more, so a request that raced with this is never
+                // stranded (vhost-user: the guest kicks only if asked to).
+                self.arm_notifications(&mut ready);
+            }
+            if !polled_hit && !slept && self.nothing_yet(&ready, completed) {
+                let t = Instant::now();
+                // Until something real happens: a stale edge (see handle_events)
+                // is not a reason to run a pass.
+                while self.nothing_yet(&ready, completed) && !self.stopping {
+                    self.wait_events(-1, &mut events, &mut ready, &mut completed);
+                }
+                self.stats.sleep_ns.add(t.elapsed().as_nanos() as u64);
+            } else if self.pending.load(Ordering::Acquire) {
+                self.wait_events(0, &mut events, &mut ready, &mut completed);
+            }
+            let t_end = Instant::now();
+            if polled_hit {
+                self.stats.poll_hits.add(1);
+            }
+            self.stats.passes.add(1);
+            ready.sort_unstable();
+            ready.dedup();
+            sources.clear();
+            if completed {
+                sources.push(SOURCE_COMPLETIONS);
+            }
+            sources.extend(ready.iter().map(|s| s.0 + 1));
+            self.policy.update(
+                t_end.duration_since(t0).as_nanos() as u64,
+                &sources,
+                polled_hit,
+            );
+            self.policy
+                .observe_events_at(self.clock_ns(t_end), &sources);
+            // Keep kicks off while we expect to poll next time.
+            let rearm = self.window() == 0;
+            for slot in ready.drain(..) {
+                self.process_queue(slot, rearm);
+            }
+            self.complete_all();
+            self.finish_pass();
+        }
+        info!(
+            "{} stopped: {} requests served",
+            self.name,
+            self.stats.requests.get()
+        );
+    }
+
+    /// Measures what a hybrid-polling nap costs on this host before serving:
+    /// how late a short timed sleep ends and how much thread CPU it takes (in a
+    /// VM each costs several microseconds: timer programming and the idle exit
+    /// trap to the hypervisor). The policy sizes naps from these figures; later
+    /// naps that end by their timer keep refining the lateness. About 1 ms.
+    fn calibrate_naps(&mut self) {
+        const NAPS: u64 = 32;
+        const NAP_NS: u64 = 20_000;
+        let Ok(epoll) = Epoll::new() else {
+            return;
+        };
+        let mut events = [EpollEvent::default(); 1];
+        let mut late = Vec::with_capacity(NAPS as usize);
+        let cpu0 = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID);
+        for _ in 0..NAPS {
+            let t = Instant::now();
+            if epoll_pwait2(&epoll, &mut events, NAP_NS).is_err() {
+                return;
+            }
+            late.push((t.elapsed().as_nanos() as u64).saturating_sub(NAP_NS));
+        }
+        // Median and 90th percentile: a nap preempted by another thread is not
+        // a property of the timer.
+        late.sort_unstable();
+        let (median, p90) = (late[late.len() / 2], late[late.len() * 9 / 10]);
+        self.policy.set_nap_late(median, p90 - median);
+        let cpu = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID).saturating_sub(cpu0) / NAPS;
+        self.policy.set_nap_cpu_ns(cpu);
+        self.stats.nap_late_ns.set(self.policy.nap_late_ns());
+        self.stats.nap_cpu_ns.set(cpu);
+        debug!(
+            "{}: a timed nap ends up to {} ns late and costs {} ns of CPU",
+            self.name,
+            self.policy.nap_late_ns(),
+            cpu
+        );
+    }
+
+    /// The polling window for this pass: none while stopping or with nothing to serve.
+    fn window(&self) -> u64 {
+        if self.serving() {
+            self.policy.poll_ns()
+        } else {
+            0
+        }
+    }
+
+    /// Whether this pass has nothing to act on yet: no ring with work, no
+    /// completion, no command answered.
+    fn nothing_yet(&self, ready: &[SlotId], completed: bool) -> bool {
+        ready.is_empty() && !completed && !self.commanded
+    }
+
+    /// Whether any ring is being served (not stopping, some queue active).
+    fn serving(&self) -> bool {
+        !self.stopping && self.queues.iter().any(|(_, q)| q.active())
+    }
+
+    /// `t` on the policy's clock: ns since the thread started, plus one (0 is
+    /// "never" there).
+    fn clock_ns(&self, t: Instant) -> u64 {
+        t.duration_since(self.epoch).as_nanos() as u64 + 1
+    }
+
+    /// Busy-polls the rings, the backends and the command flag for at most
+    /// `window` ns from `t0`. Returns true if anything turned up.
+    fn poll(
+        &mut self,
+        window: u64,
+        t0: Instant,
+        ready: &mut Vec<SlotId>,
+        completed: &mut bool,
+    ) -> bool {
+        // One snapshot of each ring's memory for the whole polling slice: the
+        // map is replaced only by the control plane, and an old snapshot
+        // still maps the same guest pages.
+        let mut mems = std::mem::take(&mut self.poll_mems);
+        mems.clear();
+        for (slot, q) in self.queues.iter_mut().filter(|(_, q)| q.active()) {
+            let mem = q.memory();
+            // Polling: the guest need not kick.
+            let _ = q.quiet(&mem);
+            mems.push((slot, mem));
+        }
+        let mut spins = 0u32;
+        let found = loop {
+            for (slot, mem) in &mems {
+                if self.queues.get(*slot).is_some_and(|q| q.has_avail(mem)) {
+                    ready.push(*slot);
+                }
+            }
+            if self.executor.has_completions() {
+                *completed = true;
+            }
+            if !ready.is_empty() || *completed || self.pending.load(Ordering::Acquire) {
+                break true;
+            }
+            spins = spins.wrapping_add(1);
+            // Reading the clock costs ~20 ns; look at it every few passes.
+            if spins.is_multiple_of(8) && t0.elapsed().as_nanos() >= window as u128 {
+                break false;
+            }
+            std::hint::spin_loop();
+        };
+        self.poll_mems = mems;
+        found
+    }
+
+    /// Re-enables notifications on every ring that has them off; a ring that
+    /// received work meanwhile goes to `ready`.
+    fn arm_notifications(&mut self, ready: &mut Vec<SlotId>) {
+        for (slot, q) in self.queues.iter_mut().filter(|(_, q)| q.active()) {
+            if q.arm_or_break() {
+                ready.push(slot);
+            }
+        }
+    }
+
+    /// A hybrid-polling nap: sleeps up to `nap_ns` (notifications armed) or until
+    /// something real happens; a stale edge does not end it. A nap ended by its
+    /// timer tells the policy how late the timer was.
+    fn nap(
+        &mut self,
+        nap_ns: u64,
+        events: &mut [EpollEvent],
+        ready: &mut Vec<SlotId>,
+        completed: &mut bool,
+    ) {
+        let start = Instant::now();
+        // First take the stale edges (kicks and completions that polling already
+        // served) without sleeping: each would otherwise cost a wake-up.
+        self.wait_events(0, events, ready, completed);
+        while self.nothing_yet(ready, *completed) {
+            let left = nap_ns.saturating_sub(start.elapsed().as_nanos() as u64);
+            if left == 0 {
+                break;
+            }
+            let t = Instant::now();
+            match self.wait_events_ns(left, events, ready, completed) {
+                Some(0) => {
+                    self.policy.observe_nap(left, t.elapsed().as_nanos() as u64);
+                    self.stats.nap_late_ns.set(self.policy.nap_late_ns());
+                    break;
+                }
+                Some(_) => {}
+                None => break,
+            }
+        }
+        self.stats.sleep_ns.add(start.elapsed().as_nanos() as u64);
+    }
+
+    /// Like [`Self::wait_events`] with a timeout in nanoseconds (epoll_pwait2),
+    /// for hybrid-polling naps.
+    fn wait_events_ns(
+        &mut self,
+        timeout_ns: u64,
+        events: &mut [EpollEvent],
+        ready: &mut Vec<SlotId>,
+        completed: &mut bool,
+    ) -> Option<usize> {
+        let n = match epoll_pwait2(&self.epoll, events, timeout_ns) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => return None,
+            Err(e) => {
+                error!("{}: epoll_pwait2 failed: {e}", self.name);
+                self.stopping = true;
+                return None;
+            }
+        };
+        self.handle_events(n, events, ready, completed);
+        Some(n)
+    }
+
+    /// One epoll_wait: handles commands, notes completions, collects kicked rings.
+    fn wait_events(
+        &mut self,
+        timeout_ms: i32,
+        events: &mut [EpollEvent],
+        ready: &mut Vec<SlotId>,
+        completed: &mut bool,
+    ) {
+        let n = match self.epoll.wait(timeout_ms, events) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => return,
+            Err(e) => {
+                error!("{}: epoll_wait failed: {e}", self.name);
+                self.stopping = true;
+                return;
+            }
+        };
+        self.handle_events(n, events, ready, completed);
+    }
+
+    /// Acts on the first `n` events epoll returned.
+    fn handle_events(
+        &mut self,
+        n: usize,
+        events: &[EpollEvent],
+        ready: &mut Vec<SlotId>,
+        completed: &mut bool,
+    ) {
+        let (mut kicked, mut signalled, mut stale) = (false, false, false);
+        for ev in &events[..n] {
+            match ev.data() {
+                TOKEN_WAKE => {
+                    let _ = self.wake.read();
+                    self.pending.store(false, Ordering::Release);
+                    self.handle_commands();
+                }
+                // Edge-triggered too: nothing to read back. An edge may be
+                // stale: raised while the thread was polling, its completion
+                // already reaped.
+                TOKEN_COMPLETION => {
+                    if self.executor.has_completions() {
+                        signalled = true;
+                    } else {
+                        stale = true;
+                    }
+                }
+                t => {
+                    let slot = SlotId(t.saturating_sub(TOKEN_KICK_BASE) as usize);
+                    // Edge-triggered: every guest kick (an eventfd write)
+                    // raises a new edge, so the counter need not be read
+                    // back to zero: one syscall less per kick. The edge is
+                    // stale if polling already took the request: with
+                    // EVENT_IDX the first request after re-arming always
+                    // kicks, even if the thread is polling by then.
+                    let Some(q) = self.queues.get(slot) else {
+                        continue;
+                    };
+                    if q.has_work() {
+                        ready.push(slot);
+                        kicked = true;
+                    } else {
+                        stale = true;
+                    }
+                }
+            }
+        }
+        if stale && !kicked && !signalled {
+            self.stats.stale_edges.add(1);
+        }
+        if signalled {
+            *completed = true;
+            self.stats.completion_wakeups.add(1);
+        }
+        if kicked {
+            self.stats.kick_wakeups.add(1);
+        }
+    }
+
+    fn handle_commands(&mut self) {
+        while let Ok(cmd) = self.rx.try_recv() {
+            self.commanded = true;
+            match cmd {
+                Command::Attach(a) => self.attach(*a),
+                Command::Detach { key, reply } => {
+                    match self.queues.find(key).and_then(|id| self.queues.get_mut(id)) {
+                        Some(q) => {
+                            let _ = self.epoll.ctl(
+                                ControlOperation::Delete,
+                                q.kick.as_raw_fd(),
+                                EpollEvent::default(),
+                            );
+                            q.detach = Some(reply);
+                        }
+                        // Never attached here: nothing to drain.
+                        None => drop(reply),
+                    }
+                }
+                Command::SetCall { key, call } => {
+                    if let Some(q) = self.queues.find(key).and_then(|id| self.queues.get_mut(id)) {
+                        q.call = call;
+                    }
+                }
+                Command::Stop => {
+                    self.stopping = true;
+                    // Stop accepting guest work: detach-style drain of every queue.
+                    for (_, q) in self.queues.iter() {
+                        let _ = self.epoll.ctl(
+                            ControlOperation::Delete,
+                            q.kick.as_raw_fd(),
+                            EpollEvent::default(),
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    fn attach(&mut self, a: QueueAttach) {
+        let id = self.queues.next_free();
+        if let Err(e) = self.epoll.ctl(
+            ControlOperation::Add,
+            a.kick.as_raw_fd(),
+            EpollEvent::new(
+                EventSet::IN | EventSet::EDGE_TRIGGERED,
+                TOKEN_KICK_BASE + id.0 as u64,
+            ),
+        ) {
+            error!(
+                "{}: cannot watch kick fd of {}/q{}: {e}",
+                self.name, a.device.name, a.key.queue
+            );
+            return;
+        }
+        let counters = self.stats.queue(&a.device.name, a.key.queue);
+        debug!(
+            "{}: serving {} queue {}",
+            self.name, a.device.name, a.key.queue
+        );
+        let id = self.queues.insert(QueueSlot::new(a, counters));
+        self.policy.set_num_sources(self.queues.len() + 1);
+        // Requests may have been queued before the kick fd was handed over.
+        self.process_queue(id, true);
+        self.complete_all();
+        self.finish_pass();
+    }
+
+    /// Pops every available request of a queue and submits it. With `rearm`,
+    /// guest notifications are re-enabled afterwards (the thread will sleep);
+    /// without, they stay off (the thread will poll).
+    fn process_queue(&mut self, id: SlotId, rearm: bool) {
+        if !self.stopping {
+            self.queues.process(id, &mut self.executor, rearm);
+        }
+    }
+
+    /// Commits submissions and finishes every request the backends are done
+    /// with; watches the completion fds of newly created backends.
+    fn complete_all(&mut self) {
+        self.queues.deliver(&mut self.executor);
+        self.executor.take_new_notify_fds(&mut self.new_fds);
+        for fd in self.new_fds.drain(..) {
+            let ev = EpollEvent::new(EventSet::IN | EventSet::EDGE_TRIGGERED, TOKEN_COMPLETION);
+            if let Err(e) = self.epoll.ctl(ControlOperation::Add, fd, ev) {
+                error!("{}: cannot watch a backend's completions: {e}", self.name);
+            }
+        }
+    }
+
+    /// End of a processing pass: one notification per queue that completed
+    /// something, and detach replies for drained queues.
+    fn finish_pass(&mut self) {
+        self.queues.notify();
+        for i in 0..self.queues.len() {
+            let id = SlotId(i);
+            let drained = self
+                .queues
+                .get(id)
+                .is_some_and(|q| q.inflight == 0 && (q.detach.is_some() || self.stopping));
+            let Some(q) = drained.then(|| self.queues.remove(id)).flatten() else {
+                continue;
+            };
+            let _ = self.epoll.ctl(
+                ControlOperation::Delete,
+                q.kick.as_raw_fd(),
+                EpollEvent::default(),
+            );
+            debug!(
+                "{}: released {} queue {}",
+                self.name, q.device.name, q.key.queue
+            );
+            if let Some(reply) = &q.detach {
+                let _ = reply.send(q.next_avail());
+            }
+        }
+    }
+}
+
+/// `epoll_pwait2` with a timeout in nanoseconds (no signal mask).
+fn epoll_pwait2(epoll: &Epoll, events: &mut [EpollEvent], timeout_ns: u64) -> io::Result<usize> {
+    let ts = libc::timespec {
+        tv_sec: (timeout_ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (timeout_ns % 1_000_000_000) as libc::c_long,
+    };
+    // SAFETY: `EpollEvent` is `repr(transparent)` over `libc::epoll_event`, so
+    // `events` is a valid buffer of `events.len()` epoll_event structs for the
+    // kernel to fill; `ts` is a live timespec; a null sigmask means none.
+    let n = unsafe {
+        libc::epoll_pwait2(
+            epoll.as_raw_fd(),
+            events.as_mut_ptr().cast::<libc::epoll_event>(),
+            events.len() as i32,
+            &ts,
+            std::ptr::null(),
+        )
+    };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}

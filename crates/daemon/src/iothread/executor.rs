@@ -1,0 +1,357 @@
+//! The executor: takes a parsed request and the guest memory it refers to,
+//! turns it into a backend operation (through the device model), keeps it in
+//! the in-flight table until the backend completes it, and yields
+//! [`Finished`] requests back to the queue layer. It owns the IOThread's
+//! backends and the bounce buffers; it never touches a virtqueue.
+
+use std::alloc::{alloc, dealloc, Layout};
+use std::os::fd::RawFd;
+use std::sync::Arc;
+
+use log::error;
+use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
+
+use super::{BlockDevice, ExecuteError, GuestMem};
+use crate::block::{Backend, Completion, Engines, IoKind, Next, Transfer};
+use crate::virtio::device::{self, Action, BlockIo};
+use crate::virtio::request::{Rejected, ReqKind, Request, Segment};
+
+/// Largest number of host iovecs in one request (Linux IOV_MAX).
+const IOV_MAX: usize = 1024;
+
+/// Index of a queue slot in its IOThread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct SlotId(pub usize);
+
+/// Which request a completion is for, and what the queue layer needs to
+/// finish it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Ticket {
+    /// The queue the request came from.
+    pub slot: SlotId,
+    /// Head descriptor index, for the used ring.
+    pub head: u16,
+    /// Where the status byte goes (None: the chain has no usable one).
+    pub status: Option<GuestAddress>,
+    /// The request's kind (None: refused before its kind mattered).
+    pub kind: Option<ReqKind>,
+}
+
+/// A request the executor is done with.
+#[derive(Debug)]
+pub(super) struct Finished {
+    /// Which request.
+    pub ticket: Ticket,
+    /// Bytes transferred (data written to the guest for reads and GET_ID),
+    /// or why it failed.
+    pub result: Result<u64, ExecuteError>,
+    /// The guest memory the request's buffers and status byte are in.
+    pub mem: Arc<GuestMem>,
+}
+
+/// An aligned buffer for O_DIRECT when guest buffers are not aligned.
+struct Bounce {
+    ptr: *mut u8,
+    layout: Layout,
+}
+
+impl Bounce {
+    fn new(len: usize) -> Option<Bounce> {
+        let layout = Layout::from_size_align(len.max(1), 4096).ok()?;
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { alloc(layout) };
+        (!ptr.is_null()).then_some(Bounce { ptr, layout })
+    }
+    fn slice(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` is a live allocation of `layout.size()` bytes owned by self.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.layout.size()) }
+    }
+}
+
+impl Drop for Bounce {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout and not freed elsewhere.
+        unsafe { dealloc(self.ptr, self.layout) }
+    }
+}
+
+/// A request submitted to a backend and not yet completed.
+struct Inflight {
+    ticket: Ticket,
+    backend: Backend,
+    fd: RawFd,
+    /// Keeps the guest memory mapping alive while the kernel or a worker may
+    /// still access it (memory can be replaced by the control plane meanwhile).
+    mem: Arc<GuestMem>,
+    /// The operation, its iovecs and its recovery state.
+    transfer: Transfer,
+    /// Guest segments, when a bounce buffer stands in for them.
+    bounce: Option<(Bounce, Vec<Segment>)>,
+}
+
+/// The in-flight table and the backends of one IOThread.
+pub(super) struct Executor {
+    /// Names pool workers and log lines.
+    name: String,
+    inflight: Vec<Option<Inflight>>,
+    free: Vec<usize>,
+    engines: Engines,
+    /// Scratch list of backend completions.
+    reaped: Vec<Completion>,
+    /// Requests finished without a backend (refused, answered by the device
+    /// model, failed before submission), not yet handed out.
+    ready: Vec<Finished>,
+}
+
+impl Executor {
+    /// An executor with no backend yet (they are created on first use).
+    pub fn new(name: String) -> Executor {
+        Executor {
+            name,
+            inflight: Vec::new(),
+            free: Vec::new(),
+            engines: Engines::default(),
+            reaped: Vec::new(),
+            ready: Vec::new(),
+        }
+    }
+
+    /// Executes a parsed request of `device` (a refused one just finishes with
+    /// its error). Its [`Finished`] comes out of [`Executor::complete`].
+    pub fn execute(
+        &mut self,
+        slot: SlotId,
+        parsed: Result<Request, Rejected>,
+        mem: &Arc<GuestMem>,
+        device: &BlockDevice,
+    ) {
+        let req = match parsed {
+            Ok(req) => req,
+            Err(rej) => {
+                let ticket = Ticket {
+                    slot,
+                    head: rej.head,
+                    status: rej.status,
+                    kind: None,
+                };
+                return self.finish_now(ticket, Err(rej.error.into()), mem);
+            }
+        };
+        let ticket = Ticket {
+            slot,
+            head: req.head,
+            status: Some(req.status),
+            kind: Some(req.op.kind()),
+        };
+        let result = match device::action(req.op, &**mem, &device.serial, device.disk.read_only) {
+            Ok(Action::Answered(written)) => Ok(written as u64),
+            Err(e) => Err(ExecuteError::GetId(e)),
+            Ok(Action::Io(io)) => match self.submit(ticket, io, mem, device) {
+                Ok(()) => return,
+                Err(e) => Err(e),
+            },
+        };
+        self.finish_now(ticket, result, mem);
+    }
+
+    fn finish_now(
+        &mut self,
+        ticket: Ticket,
+        result: Result<u64, ExecuteError>,
+        mem: &Arc<GuestMem>,
+    ) {
+        self.ready.push(Finished {
+            ticket,
+            result,
+            mem: mem.clone(),
+        });
+    }
+
+    /// Puts `io` in flight on the device's backend.
+    fn submit(
+        &mut self,
+        ticket: Ticket,
+        io: BlockIo,
+        mem: &Arc<GuestMem>,
+        device: &BlockDevice,
+    ) -> Result<(), ExecuteError> {
+        let disk = &device.disk;
+        let mut iov = Vec::new();
+        let mut bounce = None;
+        if matches!(io.kind, IoKind::Read | IoKind::Write) {
+            let v = guest_iovecs(mem, &io.data).ok_or(ExecuteError::GuestMemory)?;
+            if v.len() <= IOV_MAX && (!disk.direct || aligned(&v, disk.align)) {
+                iov = v;
+            } else {
+                // Unaligned for O_DIRECT (or too fragmented): go through an aligned copy.
+                let mut b =
+                    Bounce::new(io.len as usize).ok_or(ExecuteError::BounceAlloc(io.len))?;
+                if io.kind == IoKind::Write {
+                    copy_from_guest(mem, &io.data, b.slice()).map_err(ExecuteError::BounceCopy)?;
+                }
+                iov.push(libc::iovec {
+                    iov_base: b.ptr.cast(),
+                    iov_len: io.len as usize,
+                });
+                bounce = Some((b, io.data));
+            }
+        }
+        let transfer = Transfer::new(io.kind, io.offset, io.len, iov)
+            .dsync(io.kind == IoKind::Write && device.writethrough())
+            .punch(io.punch);
+        let token = self.free.pop().unwrap_or_else(|| {
+            self.inflight.push(None);
+            self.inflight.len() - 1
+        });
+        let backend = disk.backend;
+        self.inflight[token] = Some(Inflight {
+            ticket,
+            backend,
+            fd: disk.fd(),
+            mem: mem.clone(),
+            transfer,
+            bounce,
+        });
+        self.submit_token(token).map_err(|source| {
+            self.inflight[token] = None;
+            self.free.push(token);
+            ExecuteError::Submit { backend, source }
+        })
+    }
+
+    /// Hands in-flight request `token` to its backend.
+    fn submit_token(&mut self, token: usize) -> std::io::Result<()> {
+        let Some(inf) = self.inflight.get(token).and_then(Option::as_ref) else {
+            return Err(std::io::Error::other("no such in-flight request"));
+        };
+        let engine = self.engines.get(inf.backend, &self.name)?;
+        // SAFETY: the transfer's iovecs (heap, not moved until the Inflight is
+        // dropped) and the buffers they point to (guest memory mapped by
+        // `inf.mem`, or `inf.bounce`, both held by the Inflight) stay valid
+        // until this token's completion is reaped: the Inflight is only taken
+        // out of the table in `on_completion`.
+        unsafe { engine.submit(inf.fd, inf.transfer.op(), token as u64) }
+    }
+
+    /// Requests in flight on a backend.
+    #[cfg(test)]
+    pub fn inflight(&self) -> usize {
+        self.inflight.len() - self.free.len()
+    }
+
+    /// Whether a backend has completions waiting (cheap: called while polling).
+    pub fn has_completions(&mut self) -> bool {
+        !self.ready.is_empty() || self.engines.has_completions()
+    }
+
+    /// Moves the completion eventfds of backends created since the last call
+    /// to `out`.
+    pub fn take_new_notify_fds(&mut self, out: &mut Vec<RawFd>) {
+        self.engines.take_new_notify_fds(out);
+    }
+
+    /// Commits submissions and moves every finished request to `out`,
+    /// repeating while synchronous backends (null) produce completions.
+    pub fn complete(&mut self, out: &mut Vec<Finished>) {
+        out.append(&mut self.ready);
+        loop {
+            if let Err(e) = self.engines.commit() {
+                error!("{}: backend submit failed: {e}", self.name);
+            }
+            let mut reaped = std::mem::take(&mut self.reaped);
+            self.engines.reap(&mut reaped);
+            if reaped.is_empty() {
+                self.reaped = reaped;
+                return;
+            }
+            for c in reaped.drain(..) {
+                self.on_completion(c, out);
+            }
+            self.reaped = reaped;
+        }
+    }
+
+    /// Applies the backend's recovery policy to a completion: resubmits, or
+    /// finishes the request.
+    fn on_completion(&mut self, c: Completion, out: &mut Vec<Finished>) {
+        let token = c.token as usize;
+        let Some(inf) = self.inflight.get_mut(token).and_then(Option::as_mut) else {
+            error!("{}: completion for unknown token {token}", self.name);
+            return;
+        };
+        let backend = inf.backend;
+        let mut result = match inf.transfer.on_completion(c.result) {
+            Next::Resubmit => match self.submit_token(token) {
+                Ok(()) => return,
+                Err(source) => Err(ExecuteError::Submit { backend, source }),
+            },
+            Next::Done(r) => r.map_err(ExecuteError::from),
+        };
+        let Some(mut inf) = self.inflight[token].take() else {
+            return;
+        };
+        self.free.push(token);
+        if let (Ok(_), IoKind::Read, Some((b, segs))) =
+            (&result, inf.transfer.kind(), &mut inf.bounce)
+        {
+            if let Err(e) = copy_to_guest(&inf.mem, segs, b.slice()) {
+                result = Err(ExecuteError::BounceCopy(e));
+            }
+        }
+        out.push(Finished {
+            ticket: inf.ticket,
+            result,
+            // Owned here (taken out of the table): no reference count to bump.
+            mem: inf.mem,
+        });
+    }
+}
+
+/// Host iovecs for guest segments; None if any byte is outside guest memory.
+fn guest_iovecs(mem: &GuestMem, segs: &[Segment]) -> Option<Vec<libc::iovec>> {
+    let mut iov = Vec::with_capacity(segs.len());
+    for s in segs {
+        for slice in mem
+            .get_slices(s.addr, s.len as usize, Permissions::ReadWrite)
+            .ok()?
+        {
+            let slice = slice.ok()?;
+            iov.push(libc::iovec {
+                iov_base: slice.ptr_guard_mut().as_ptr().cast(),
+                iov_len: slice.len(),
+            });
+        }
+    }
+    Some(iov)
+}
+
+fn aligned(iov: &[libc::iovec], align: usize) -> bool {
+    iov.iter()
+        .all(|v| (v.iov_base as usize).is_multiple_of(align) && v.iov_len % align == 0)
+}
+
+fn copy_from_guest(
+    mem: &GuestMem,
+    segs: &[Segment],
+    buf: &mut [u8],
+) -> Result<(), vm_memory::GuestMemoryError> {
+    let mut off = 0;
+    for s in segs {
+        mem.read_slice(&mut buf[off..off + s.len as usize], s.addr)?;
+        off += s.len as usize;
+    }
+    Ok(())
+}
+
+fn copy_to_guest(
+    mem: &GuestMem,
+    segs: &[Segment],
+    buf: &[u8],
+) -> Result<(), vm_memory::GuestMemoryError> {
+    let mut off = 0;
+    for s in segs {
+        mem.write_slice(&buf[off..off + s.len as usize], s.addr)?;
+        off += s.len as usize;
+    }
+    Ok(())
+}

@@ -1,0 +1,402 @@
+//! The virtqueues an IOThread serves: popping and parsing requests (through
+//! the device model), guest notification suppression, and finishing a request
+//! (status byte, used ring entry, one notification per queue per pass).
+
+use std::fs::File;
+use std::io::Write;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::SyncSender;
+use std::sync::Arc;
+use std::time::Instant;
+
+use log::{debug, error, warn};
+use virtio_queue::{Queue, QueueT};
+use vm_memory::{Bytes, GuestAddressSpace};
+
+use super::executor::{Executor, Finished, SlotId};
+use super::{BlockDevice, GuestMem, GuestMemHandle, QueueAttach, QueueKey};
+use crate::stats::{IoThreadStats, QueueCounters};
+use crate::virtio::request::{self, ReqKind};
+use crate::virtio::status;
+
+/// A virtqueue served by this thread.
+pub(super) struct QueueSlot {
+    /// Which queue.
+    pub key: QueueKey,
+    queue: Queue,
+    /// The guest's kick eventfd (in the thread's epoll set while served).
+    pub kick: File,
+    /// The eventfd to signal the guest with (None: poll mode frontend).
+    pub call: Option<File>,
+    mem: GuestMemHandle,
+    /// The device the queue belongs to.
+    pub device: Arc<BlockDevice>,
+    counters: Arc<QueueCounters>,
+    /// Requests popped and not yet finished.
+    pub inflight: usize,
+    /// Used ring entries added since the last notification check.
+    dirty: bool,
+    /// A Detach is waiting for this queue to drain.
+    pub detach: Option<SyncSender<u16>>,
+    /// The ring could not be accessed: stop touching it until detached.
+    broken: bool,
+    /// Guest notifications (kicks) are enabled: set before sleeping, cleared
+    /// while the thread polls.
+    notify: bool,
+}
+
+impl QueueSlot {
+    /// Starts serving an attached queue; its counters come from the thread's
+    /// statistics.
+    pub fn new(a: QueueAttach, counters: Arc<QueueCounters>) -> QueueSlot {
+        QueueSlot {
+            key: a.key,
+            queue: a.queue,
+            kick: a.kick,
+            call: a.call,
+            mem: a.mem,
+            device: a.device,
+            counters,
+            inflight: 0,
+            dirty: false,
+            detach: None,
+            broken: false,
+            notify: true,
+        }
+    }
+
+    /// Whether the thread should look at this ring at all.
+    pub fn active(&self) -> bool {
+        self.detach.is_none() && !self.broken
+    }
+
+    /// A snapshot of the guest memory map.
+    pub fn memory(&self) -> Arc<GuestMem> {
+        self.mem.memory().into_inner()
+    }
+
+    /// The next avail index (GET_VRING_BASE).
+    pub fn next_avail(&self) -> u16 {
+        self.queue.next_avail()
+    }
+
+    /// Tells the guest it need not kick (EVENT_IDX: avail_event stays behind;
+    /// otherwise VRING_USED_F_NO_NOTIFY), unless that is already so: without
+    /// EVENT_IDX every toggle is a write to a guest cache line.
+    pub fn quiet(&mut self, mem: &GuestMem) -> Result<(), virtio_queue::Error> {
+        if self.notify {
+            self.queue.disable_notification(mem)?;
+            self.notify = false;
+        }
+        Ok(())
+    }
+
+    /// Asks the guest to kick again, unless it already does; true if requests
+    /// arrived while it did not.
+    pub fn arm(&mut self, mem: &GuestMem) -> Result<bool, virtio_queue::Error> {
+        if self.notify {
+            return Ok(false);
+        }
+        let more = self.queue.enable_notification(mem)?;
+        self.notify = true;
+        Ok(more)
+    }
+
+    /// Re-enables guest notifications; true if requests arrived meanwhile. A
+    /// ring that cannot be accessed is marked broken (false).
+    pub fn arm_or_break(&mut self) -> bool {
+        let mem = self.mem.memory();
+        match self.arm(&mem) {
+            Ok(more) => more,
+            Err(e) => {
+                self.break_ring(e);
+                false
+            }
+        }
+    }
+
+    /// Whether the guest made requests available that we have not popped yet.
+    pub fn has_avail(&self, mem: &GuestMem) -> bool {
+        self.queue
+            .avail_idx(mem, Ordering::Acquire)
+            .is_ok_and(|idx| idx.0 != self.queue.next_avail())
+    }
+
+    /// [`QueueSlot::has_avail`] on the current memory map (no reference
+    /// count taken).
+    pub fn has_work(&self) -> bool {
+        self.has_avail(&self.mem.memory())
+    }
+
+    fn break_ring(&mut self, e: virtio_queue::Error) {
+        error!(
+            "{} queue {}: ring not accessible ({e}); queue stopped until reset",
+            self.device.name, self.key.queue
+        );
+        self.broken = true;
+    }
+
+    /// Pops every available request, parses it and hands it to `exec`. With
+    /// `rearm`, guest notifications are re-enabled afterwards (the thread will
+    /// sleep; a request that raced with that is popped too); without, they
+    /// stay off (the thread will poll).
+    pub fn process(&mut self, id: SlotId, exec: &mut Executor, rearm: bool) {
+        if !self.active() {
+            return;
+        }
+        let mem = self.memory();
+        loop {
+            if let Err(e) = self.quiet(&mem) {
+                return self.break_ring(e);
+            }
+            while let Some(chain) = self.queue.pop_descriptor_chain(&*mem) {
+                let parsed = request::parse(chain, &self.device.limits);
+                self.inflight += 1;
+                exec.execute(id, parsed, &mem, &self.device);
+            }
+            if !rearm {
+                return;
+            }
+            match self.arm(&mem) {
+                Ok(true) => continue, // more arrived while notifications were off
+                Ok(false) => return,
+                Err(e) => return self.break_ring(e),
+            }
+        }
+    }
+
+    /// Writes the status byte, puts the request on the used ring and counts
+    /// it. The used length is the data written to guest buffers plus the
+    /// status byte (0 if there is no status byte to write).
+    fn finish(&mut self, f: Finished, stats: &IoThreadStats, warn: &mut WarnLimiter) {
+        let Finished {
+            ticket,
+            result,
+            mem,
+        } = f;
+        let kind = ticket.kind;
+        let (st, bytes) = match &result {
+            Ok(n) => (status::OK, *n),
+            Err(e) => {
+                if warn.allow() {
+                    warn!("{} queue {}: {e}", self.device.name, self.key.queue);
+                }
+                (e.status(), 0)
+            }
+        };
+        let data_len = if kind.is_some_and(ReqKind::writes_guest) {
+            bytes as u32
+        } else {
+            0
+        };
+        let used_len = match ticket.status {
+            Some(a) if mem.write_obj(st, a).is_ok() => data_len + 1,
+            _ => 0,
+        };
+        let c = &self.counters;
+        match kind {
+            Some(ReqKind::Read) => {
+                c.reads.add(1);
+                c.bytes_read.add(bytes);
+            }
+            Some(ReqKind::Write) => {
+                c.writes.add(1);
+                c.bytes_written.add(bytes);
+            }
+            Some(ReqKind::Flush) => c.flushes.add(1),
+            Some(_) => c.other.add(1),
+            None => {}
+        }
+        c.requests.add(1);
+        if st != status::OK {
+            c.errors.add(1);
+            stats.errors.add(1);
+        }
+        stats.requests.add(1);
+        self.inflight -= 1;
+        if let Err(e) = self.queue.add_used(&*mem, ticket.head, used_len) {
+            error!(
+                "{} queue {}: add_used failed: {e}",
+                self.device.name, self.key.queue
+            );
+        }
+        self.dirty = true;
+    }
+
+    /// Signals the guest if requests were finished since the last call and
+    /// the guest wants to hear about it (EVENT_IDX / NO_INTERRUPT).
+    fn notify_guest(&mut self, stats: &IoThreadStats) {
+        if !self.dirty {
+            return;
+        }
+        self.dirty = false;
+        let mem = self.mem.memory();
+        match self.queue.needs_notification(&*mem) {
+            Ok(true) => {
+                if let Some(call) = &self.call {
+                    let _ = (&*call).write(&1u64.to_ne_bytes());
+                    stats.notifications.add(1);
+                }
+            }
+            Ok(false) => {}
+            Err(e) => debug!(
+                "{} queue {}: needs_notification: {e}",
+                self.device.name, self.key.queue
+            ),
+        }
+    }
+}
+
+/// The queue slots of one IOThread, indexed by [`SlotId`], with what
+/// finishing a request needs (the thread's counters, the warning limiter).
+pub(super) struct Queues {
+    slots: Vec<Option<QueueSlot>>,
+    stats: Arc<IoThreadStats>,
+    warn: WarnLimiter,
+    /// Scratch list of finished requests.
+    finished: Vec<Finished>,
+}
+
+impl Queues {
+    /// No queue yet.
+    pub fn new(stats: Arc<IoThreadStats>) -> Queues {
+        Queues {
+            slots: Vec::new(),
+            stats,
+            warn: WarnLimiter::default(),
+            finished: Vec::new(),
+        }
+    }
+
+    /// The slot `id`, if it serves a queue.
+    pub fn get(&self, id: SlotId) -> Option<&QueueSlot> {
+        self.slots.get(id.0).and_then(Option::as_ref)
+    }
+
+    /// The slot `id`, if it serves a queue.
+    pub fn get_mut(&mut self, id: SlotId) -> Option<&mut QueueSlot> {
+        self.slots.get_mut(id.0).and_then(Option::as_mut)
+    }
+
+    /// Number of slots (served or free); slot ids are below it.
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// The served queues with their slot ids.
+    pub fn iter(&self) -> impl Iterator<Item = (SlotId, &QueueSlot)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, q)| q.as_ref().map(|q| (SlotId(i), q)))
+    }
+
+    /// The served queues with their slot ids.
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = (SlotId, &mut QueueSlot)> {
+        self.slots
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, q)| q.as_mut().map(|q| (SlotId(i), q)))
+    }
+
+    /// The slot serving `key` (not detaching).
+    pub fn find(&self, key: QueueKey) -> Option<SlotId> {
+        self.iter()
+            .find(|(_, q)| q.key == key && q.detach.is_none())
+            .map(|(id, _)| id)
+    }
+
+    /// Serves `q` in the first free slot.
+    pub fn insert(&mut self, q: QueueSlot) -> SlotId {
+        let i = match self.slots.iter().position(Option::is_none) {
+            Some(i) => i,
+            None => {
+                self.slots.push(None);
+                self.slots.len() - 1
+            }
+        };
+        self.slots[i] = Some(q);
+        SlotId(i)
+    }
+
+    /// The id the next [`Queues::insert`] will use.
+    pub fn next_free(&self) -> SlotId {
+        SlotId(
+            self.slots
+                .iter()
+                .position(Option::is_none)
+                .unwrap_or(self.slots.len()),
+        )
+    }
+
+    /// Stops serving slot `id`.
+    pub fn remove(&mut self, id: SlotId) -> Option<QueueSlot> {
+        self.slots.get_mut(id.0).and_then(Option::take)
+    }
+
+    /// Requests popped and not yet finished, over all queues.
+    pub fn inflight(&self) -> usize {
+        self.iter().map(|(_, q)| q.inflight).sum()
+    }
+
+    /// Pops and executes every available request of queue `id`.
+    pub fn process(&mut self, id: SlotId, exec: &mut Executor, rearm: bool) {
+        if let Some(q) = self.get_mut(id) {
+            q.process(id, exec, rearm);
+        }
+    }
+
+    /// Finishes every request the executor is done with: the one place a
+    /// request's status is written and its used entry added.
+    pub fn deliver(&mut self, exec: &mut Executor) {
+        let mut finished = std::mem::take(&mut self.finished);
+        exec.complete(&mut finished);
+        for f in finished.drain(..) {
+            match self.slots.get_mut(f.ticket.slot.0).and_then(Option::as_mut) {
+                Some(q) => q.finish(f, &self.stats, &mut self.warn),
+                None => error!("completion for a released queue slot {:?}", f.ticket.slot),
+            }
+        }
+        self.finished = finished;
+    }
+
+    /// One notification per queue that finished something since the last call.
+    pub fn notify(&mut self) {
+        for q in self.slots.iter_mut().flatten() {
+            q.notify_guest(&self.stats);
+        }
+    }
+}
+
+/// Rate limit for per-request warnings.
+#[derive(Default)]
+pub(super) struct WarnLimiter {
+    window: Option<Instant>,
+    count: u32,
+    suppressed: u64,
+}
+
+impl WarnLimiter {
+    /// At most 10 warnings per second per IOThread.
+    pub fn allow(&mut self) -> bool {
+        let now = Instant::now();
+        match self.window {
+            Some(w) if now.duration_since(w).as_secs() < 1 => {}
+            _ => {
+                if self.suppressed > 0 {
+                    warn!("{} similar warnings suppressed", self.suppressed);
+                }
+                self.window = Some(now);
+                self.count = 0;
+                self.suppressed = 0;
+            }
+        }
+        self.count += 1;
+        if self.count > 10 {
+            self.suppressed += 1;
+            false
+        } else {
+            true
+        }
+    }
+}
