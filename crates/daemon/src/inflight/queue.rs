@@ -147,6 +147,14 @@ impl InflightQueue {
         self.batch_len = 0;
     }
 
+    /// Forgets the staged heads because their batch was not published (the used
+    /// ring write failed, `idx` did not move). They stay recorded in flight; the
+    /// links written while staging are ignored by recovery as long as the region's
+    /// `used_idx` equals the ring's, which it does since nothing was published.
+    pub fn discard_staged(&mut self) {
+        self.batch_len = 0;
+    }
+
     /// The specification's reconnection algorithm, plus initialisation of a block
     /// never used. See [`InflightRegion::attach_queue`].
     pub(super) fn recover(&mut self, ring_used_idx: u16) -> Result<Recovery, InflightError> {

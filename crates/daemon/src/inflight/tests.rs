@@ -201,6 +201,24 @@ fn inflight_data_path_rejects_heads_outside_the_queue() {
     assert!(q.begin(7).is_ok());
 }
 
+#[test]
+fn inflight_a_discarded_batch_stays_in_flight() {
+    let (region, _file) = InflightRegion::create(InflightLayout::new(1, 8).unwrap()).unwrap();
+    let (mut q, _) = region.attach_queue(0, 0).unwrap();
+    q.begin(1).unwrap();
+    q.begin(6).unwrap();
+    q.stage_used(6).unwrap();
+    // Publishing failed: the used idx stayed at 0.
+    q.discard_staged();
+    assert_eq!(q.staged(), 0);
+    q.stage_used(1).unwrap();
+    q.commit_used(1);
+    drop(q);
+    let (_q, rec) = region.attach_queue(0, 1).unwrap();
+    assert_eq!(rec.resubmit, vec![6]);
+    assert_eq!(rec.next_avail_idx, 2);
+}
+
 /// A queue block initialised, with one head in flight, then `corrupt` applied.
 fn corrupted(corrupt: impl FnOnce(&vm_memory::VolatileSlice<'_>)) -> InflightError {
     let (region, _file) = InflightRegion::create(InflightLayout::new(1, 8).unwrap()).unwrap();
