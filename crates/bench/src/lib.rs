@@ -11,8 +11,6 @@
 //! and [`output`] turn it into fio's figures ([`units`] for numbers people read);
 //! [`verify`] checks data.
 
-#![deny(missing_docs)]
-
 pub mod cpu;
 pub mod engine;
 pub mod job;

@@ -10,7 +10,6 @@ use std::os::unix::io::AsRawFd;
 use std::path::Path;
 
 use io_uring::{opcode, types, IoUring};
-use vmm_sys_util::ioctl::ioctl_with_mut_ref;
 
 use super::{Done, Engine, EngineError, Slots};
 use crate::job::Dir;
@@ -30,32 +29,11 @@ pub struct NativeDevice {
     pub direct: bool,
 }
 
-/// Block device ioctls of linux/fs.h, numbered by vmm-sys-util's macros.
-mod blk {
-    // BLKGETSIZE64 = _IOR(0x12, 114, size_t): the device size in bytes.
-    vmm_sys_util::ioctl_ior_nr!(BLKGETSIZE64, 0x12, 114, libc::size_t);
-    // BLKSSZGET = _IO(0x12, 104): the logical block size, an int.
-    vmm_sys_util::ioctl_io_nr!(BLKSSZGET, 0x12, 104);
-}
-
-/// Size in bytes and logical block size of a block device.
+/// Size in bytes and logical block size of a block device (the daemon's ioctls).
 fn block_device_geometry(file: &File, target: &str) -> Result<(u64, u64), EngineError> {
-    let mut size: u64 = 0;
-    // SAFETY: BLKGETSIZE64 writes one u64 (size_t on 64-bit Linux) through the pointer,
-    // which points to `size`, valid and writable for the call.
-    let r = unsafe { ioctl_with_mut_ref(file, blk::BLKGETSIZE64(), &mut size) };
-    if r < 0 {
-        return Err(EngineError::os(
-            target,
-            "BLKGETSIZE64",
-            std::io::Error::last_os_error(),
-        ));
-    }
-    let mut ssz: libc::c_int = 0;
-    // SAFETY: BLKSSZGET writes one int through the pointer, which points to `ssz`,
-    // valid and writable for the call.
-    let r = unsafe { ioctl_with_mut_ref(file, blk::BLKSSZGET(), &mut ssz) };
-    let ssz = if r < 0 || ssz <= 0 { 512 } else { ssz as u64 };
+    let size = vqblk_daemon::block::blkdev_size(file)
+        .map_err(|e| EngineError::os(target, "BLKGETSIZE64", e))?;
+    let ssz = vqblk_daemon::block::blkdev_logical_block_size(file).map_or(512, u64::from);
     Ok((size, ssz))
 }
 
@@ -292,13 +270,6 @@ impl Engine for UringEngine {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ioctl_numbers_match_linux_fs_h() {
-        // The values the kernel headers give on 64-bit Linux.
-        assert_eq!(blk::BLKGETSIZE64(), 0x8008_1272);
-        assert_eq!(blk::BLKSSZGET(), 0x1268);
-    }
 
     #[test]
     fn geometry_of_a_regular_file_is_refused() {

@@ -184,26 +184,33 @@ impl Disk {
     }
 }
 
-// Block device ioctls (linux/fs.h): the size in bytes, and the logical block size.
-vmm_sys_util::ioctl_ior_nr!(BLKGETSIZE64, 0x12, 114, u64);
-vmm_sys_util::ioctl_io_nr!(BLKSSZGET, 0x12, 104);
+/// Block device ioctls of linux/fs.h, numbered by vmm-sys-util's macros.
+mod blk {
+    #![allow(missing_docs)] // the macros generate one `pub fn NAME() -> c_ulong` each
+    vmm_sys_util::ioctl_ior_nr!(BLKGETSIZE64, 0x12, 114, u64);
+    vmm_sys_util::ioctl_io_nr!(BLKSSZGET, 0x12, 104);
+}
 
-fn blkdev_size(f: &File) -> io::Result<u64> {
+/// The size in bytes of an open block device (`BLKGETSIZE64`).
+pub fn blkdev_size(f: &File) -> io::Result<u64> {
     let mut size: u64 = 0;
     // SAFETY: BLKGETSIZE64 writes one u64 through its argument, which is a
-    // live, exclusively borrowed u64; `f` is an open block device.
-    let r = unsafe { vmm_sys_util::ioctl::ioctl_with_mut_ref(f, BLKGETSIZE64(), &mut size) };
+    // live, exclusively borrowed u64; `f` is an open file (a non-device fails
+    // with ENOTTY, reported as an error).
+    let r = unsafe { vmm_sys_util::ioctl::ioctl_with_mut_ref(f, blk::BLKGETSIZE64(), &mut size) };
     if r < 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(size)
 }
 
-fn blkdev_logical_block_size(f: &File) -> Option<u32> {
+/// The logical block size of an open block device (`BLKSSZGET`), if it says one of at
+/// least 512 bytes.
+pub fn blkdev_logical_block_size(f: &File) -> Option<u32> {
     let mut lbs: libc::c_int = 0;
     // SAFETY: BLKSSZGET writes one int through its argument, which is a live,
-    // exclusively borrowed c_int; `f` is an open block device.
-    let r = unsafe { vmm_sys_util::ioctl::ioctl_with_mut_ref(f, BLKSSZGET(), &mut lbs) };
+    // exclusively borrowed c_int; `f` is an open file.
+    let r = unsafe { vmm_sys_util::ioctl::ioctl_with_mut_ref(f, blk::BLKSSZGET(), &mut lbs) };
     (r == 0 && lbs >= 512).then_some(lbs as u32)
 }
 
@@ -415,6 +422,13 @@ impl Engines {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ioctl_numbers_match_linux_fs_h() {
+        // The values the kernel headers give on 64-bit Linux.
+        assert_eq!(blk::BLKGETSIZE64(), 0x8008_1272);
+        assert_eq!(blk::BLKSSZGET(), 0x1268);
+    }
 
     #[test]
     fn missing_image_is_an_error_unless_created() {
