@@ -548,30 +548,25 @@ fn misaligned_indirect_table() {
     });
 }
 
+/// A head index beyond the queue size is an impossible ring state (defect
+/// 11.4: it used to vanish without a trace): the ring is stopped, counted and
+/// logged, like any broken ring; a valid request after it is not served on
+/// that ring (the frontend must set the ring up again), and the three checks
+/// hold.
 #[test]
-#[ignore = "engine: defect 11.4 (a head beyond the queue size is dropped without a used entry)"]
 fn head_index_beyond_queue_size() {
     let mut rig = Rig::new("head-range");
     let mut f = Frontend::ready(&rig.sock_a);
     f.prepare_request(T_IN, 0);
     f.push(100);
-    assert!(f.wait_used(1).is_some(), "no used entry for head 100");
-    f.check_io(56, 21, "same ring afterwards");
+    assert!(
+        no_completion_within(&mut f, Duration::from_millis(200)),
+        "head 100 on a 16-entry ring was completed"
+    );
     rig.check(f, "head index beyond queue size");
 }
 
 #[test]
-fn head_index_beyond_queue_size_keeps_the_daemon_serving() {
-    let mut rig = Rig::new("head-range-serving");
-    let mut f = Frontend::ready(&rig.sock_a);
-    f.prepare_request(T_IN, 0);
-    f.push(100);
-    let _ = no_completion_within(&mut f, Duration::from_millis(100));
-    rig.check(f, "head index beyond queue size");
-}
-
-#[test]
-#[ignore = "engine: defect 11.1 (a ring in an impossible state freezes its IOThread)"]
 fn vring_base_beyond_avail_ring_and_kick() {
     let mut rig = Rig::new("base-beyond");
     let mut f = owner(&rig);
@@ -594,7 +589,6 @@ fn vring_base_beyond_avail_ring_and_kick() {
 }
 
 #[test]
-#[ignore = "engine: defect 11.1 (a ring in an impossible state freezes its IOThread)"]
 fn avail_index_jump_beyond_queue_size() {
     let mut rig = Rig::new("avail-jump");
     let f = Frontend::ready(&rig.sock_a);

@@ -123,6 +123,8 @@ mod tests {
             passes: 10 * k,
             notifications: 3 * k,
             errors: 0,
+            broken_rings: 0,
+            budget_exhausted: 0,
             poll_window_ns: 1000 * k,
             poll_attempts: 4 * k,
             poll_hits: k,

@@ -75,6 +75,10 @@ pub struct IoThreadStats {
     pub notifications: Counter,
     /// Malformed or failed requests.
     pub errors: Counter,
+    /// Rings found in an impossible state (stopped until the frontend sets them up again).
+    pub broken_rings: Counter,
+    /// Passes in which a queue used up its pop budget (more was left for the next pass).
+    pub budget_exhausted: Counter,
     /// Current polling window in ns (gauge).
     pub poll_window_ns: Counter,
     /// Passes that busy-polled.
@@ -148,6 +152,8 @@ impl IoThreadStats {
             passes: self.passes.get(),
             notifications: self.notifications.get(),
             errors: self.errors.get(),
+            broken_rings: self.broken_rings.get(),
+            budget_exhausted: self.budget_exhausted.get(),
             poll_window_ns: self.poll_window_ns.get(),
             poll_attempts: self.poll_attempts.get(),
             poll_hits: self.poll_hits.get(),
@@ -228,6 +234,12 @@ pub struct IoThreadSnapshot {
     pub notifications: u64,
     /// Failed or malformed requests.
     pub errors: u64,
+    /// Rings found in an impossible state and stopped.
+    #[serde(default)]
+    pub broken_rings: u64,
+    /// Passes in which a queue used up its pop budget.
+    #[serde(default)]
+    pub budget_exhausted: u64,
     /// Current polling window, ns.
     pub poll_window_ns: u64,
     /// Passes that busy-polled.

@@ -16,6 +16,7 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::executor::{Executor, SlotId};
+use super::queue::Popped;
 use super::queue::{QueueSlot, Queues};
 use super::{Command, GuestMem, IoThreadSetup, QueueAttach};
 use crate::block::clock_ns;
@@ -59,6 +60,8 @@ pub(super) struct IoThread {
     poll_mems: Vec<(SlotId, Arc<GuestMem>)>,
     /// Scratch list of new backend completion fds to watch.
     new_fds: Vec<RawFd>,
+    /// Queues whose pop budget ran out this pass: processed first next pass.
+    carried: Vec<SlotId>,
     /// Source 0 is the backends' completions, source 1 + i is queue slot i.
     policy: PollPolicy,
     /// A control command was handled during this pass.
@@ -93,6 +96,7 @@ impl IoThread {
             stopping: false,
             poll_mems: Vec::new(),
             new_fds: Vec::new(),
+            carried: Vec::new(),
             policy: PollPolicy::new(setup.poll_mode, setup.poll_params, 1),
             commanded: false,
             epoch: Instant::now(),
@@ -191,6 +195,7 @@ impl IoThread {
             for slot in ready.drain(..) {
                 self.process_queue(slot, rearm);
             }
+            ready.append(&mut self.carried);
             self.complete_all();
             self.finish_pass();
         }
@@ -524,8 +529,10 @@ impl IoThread {
     /// guest notifications are re-enabled afterwards (the thread will sleep);
     /// without, they stay off (the thread will poll).
     fn process_queue(&mut self, id: SlotId, rearm: bool) {
-        if !self.stopping {
-            self.queues.process(id, &mut self.executor, rearm);
+        if !self.stopping && self.queues.process(id, &mut self.executor, rearm) == Popped::More {
+            // Its budget ran out: first in line next pass, which does not
+            // wait (a non-empty ready list is work found).
+            self.carried.push(id);
         }
     }
 

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use log::{debug, error, warn};
-use virtio_queue::{Queue, QueueT};
+use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::{Bytes, GuestAddressSpace};
 
 use super::executor::{Executor, Finished, SlotId};
@@ -18,6 +18,23 @@ use super::{BlockDevice, GuestMem, GuestMemHandle, QueueAttach, QueueKey};
 use crate::stats::{IoThreadStats, QueueCounters};
 use crate::virtio::request::{self, ReqKind};
 use crate::virtio::status;
+
+/// Requests one queue may pop in one pass of its IOThread. A guest that keeps
+/// its ring full cannot make the thread's other queues (other VMs' disks among
+/// them) wait for more than this many of its requests: what is left is popped
+/// in the next pass, which comes at once (the thread does not sleep while a
+/// queue has work carried over). 32 keeps a QD16-per-queue load within one
+/// pass, so the budget costs nothing until a queue floods.
+pub const POP_BUDGET: usize = 32;
+
+/// What [`QueueSlot::process`] left behind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Popped {
+    /// The ring is empty (or stopped).
+    Drained,
+    /// The pass's budget ran out with requests still available.
+    More,
+}
 
 /// A virtqueue served by this thread.
 pub(super) struct QueueSlot {
@@ -129,38 +146,86 @@ impl QueueSlot {
     }
 
     fn break_ring(&mut self, e: virtio_queue::Error) {
+        self.stop_ring(format_args!("ring not accessible ({e})"));
+    }
+
+    /// A ring in an impossible state is a broken ring: it is not touched again
+    /// (no busy loop on a state that cannot make progress), counted and logged
+    /// once; the frontend's messages are still answered, every other ring
+    /// keeps being served, and the next vring setup or reconnection attaches
+    /// a fresh slot.
+    fn stop_ring(&mut self, why: std::fmt::Arguments) {
+        if self.broken {
+            return;
+        }
         error!(
-            "{} queue {}: ring not accessible ({e}); queue stopped until reset",
+            "{} queue {}: {why}; queue stopped until the frontend sets it up again",
             self.device.name, self.key.queue
         );
         self.broken = true;
     }
 
-    /// Pops every available request, parses it and hands it to `exec`. With
-    /// `rearm`, guest notifications are re-enabled afterwards (the thread will
-    /// sleep; a request that raced with that is popped too); without, they
-    /// stay off (the thread will poll).
-    pub fn process(&mut self, id: SlotId, exec: &mut Executor, rearm: bool) {
+    /// Whether the ring was stopped as broken.
+    pub fn broken(&self) -> bool {
+        self.broken
+    }
+
+    /// Pops at most [`POP_BUDGET`] available requests, parses them and hands
+    /// them to `exec`. With `rearm` and the ring drained, guest notifications
+    /// are re-enabled afterwards (the thread will sleep; a request that raced
+    /// with that is popped too); otherwise they stay off (the thread will
+    /// poll, or come back for what the budget left).
+    pub fn process(&mut self, id: SlotId, exec: &mut Executor, rearm: bool) -> Popped {
         if !self.active() {
-            return;
+            return Popped::Drained;
         }
         let mem = self.memory();
+        let mut budget = POP_BUDGET;
         loop {
             if let Err(e) = self.quiet(&mem) {
-                return self.break_ring(e);
+                self.break_ring(e);
+                return Popped::Drained;
             }
-            while let Some(chain) = self.queue.pop_descriptor_chain(&*mem) {
+            // `iter` rather than `pop_descriptor_chain`: the latter turns an
+            // impossible avail index (more than the queue size ahead of
+            // next_avail, or a ring that is not ready) into "nothing to pop"
+            // and logs, while the avail index still says there is work: the
+            // thread would spin on it forever.
+            let size = self.queue.size();
+            let mut avail = match self.queue.iter(&*mem) {
+                Ok(it) => it,
+                Err(e) => {
+                    self.stop_ring(format_args!("impossible avail ring state ({e})"));
+                    return Popped::Drained;
+                }
+            };
+            while budget > 0 {
+                let Some(chain) = avail.next() else { break };
+                budget -= 1;
+                if chain.head_index() >= size {
+                    let head = chain.head_index();
+                    self.stop_ring(format_args!(
+                        "the driver made head {head} available on a {size}-entry ring"
+                    ));
+                    return Popped::Drained;
+                }
                 let parsed = request::parse(chain, &self.device.limits);
                 self.inflight += 1;
                 exec.execute(id, parsed, &mem, &self.device);
             }
+            if budget == 0 && self.has_avail(&mem) {
+                return Popped::More;
+            }
             if !rearm {
-                return;
+                return Popped::Drained;
             }
             match self.arm(&mem) {
                 Ok(true) => continue, // more arrived while notifications were off
-                Ok(false) => return,
-                Err(e) => return self.break_ring(e),
+                Ok(false) => return Popped::Drained,
+                Err(e) => {
+                    self.break_ring(e);
+                    return Popped::Drained;
+                }
             }
         }
     }
@@ -339,11 +404,21 @@ impl Queues {
         self.iter().map(|(_, q)| q.inflight).sum()
     }
 
-    /// Pops and executes every available request of queue `id`.
-    pub fn process(&mut self, id: SlotId, exec: &mut Executor, rearm: bool) {
-        if let Some(q) = self.get_mut(id) {
-            q.process(id, exec, rearm);
+    /// Pops and executes the available requests of queue `id`, up to its
+    /// budget; counts a ring found broken and a budget used up.
+    pub fn process(&mut self, id: SlotId, exec: &mut Executor, rearm: bool) -> Popped {
+        let Some(q) = self.slots.get_mut(id.0).and_then(Option::as_mut) else {
+            return Popped::Drained;
+        };
+        let was_broken = q.broken();
+        let popped = q.process(id, exec, rearm);
+        if !was_broken && q.broken() {
+            self.stats.broken_rings.add(1);
         }
+        if popped == Popped::More {
+            self.stats.budget_exhausted.add(1);
+        }
+        popped
     }
 
     /// Finishes every request the executor is done with: the one place a

@@ -12,11 +12,11 @@ use virtio_bindings::bindings::virtio_ring::{
     VRING_DESC_F_NEXT, VRING_DESC_F_WRITE, VRING_USED_F_NO_NOTIFY,
 };
 use virtio_queue::mock::MockSplitQueue;
-use virtio_queue::Queue;
+use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic};
 
 use super::executor::{Executor, SlotId};
-use super::queue::{QueueSlot, Queues};
+use super::queue::{Popped, QueueSlot, Queues, POP_BUDGET};
 use super::{BlockDevice, GuestMem, QueueAttach, QueueKey};
 use crate::block::{Backend, Disk};
 use crate::stats::{IoThreadStats, QueueCounters};
@@ -93,8 +93,13 @@ impl Rig {
     fn with(kind: Kind, o: Opts) -> Rig {
         let mem = GuestMem::from_ranges(&[(GuestAddress(0), MEM_SIZE as usize)]).unwrap();
         let vq = MockSplitQueue::new(&mem, QUEUE_SIZE);
-        let queue: Queue = vq.create_queue().unwrap();
-        let (desc, avail, used) = (vq.desc_table_addr().0, vq.avail_addr().0, vq.used_addr().0);
+        let mut queue: Queue = vq.create_queue().unwrap();
+        // MockSplitQueue lays out the used ring 0x44 bytes after the avail
+        // ring, whatever the queue size: with 64 entries the used ring's
+        // header would overlap avail entries 32 and up. Own, roomy places.
+        let (desc, avail, used) = (vq.desc_table_addr().0, 0x8000u64, 0x9000u64);
+        queue.set_avail_ring_address(Some(avail as u32), Some(0));
+        queue.set_used_ring_address(Some(used as u32), Some(0));
         let (mut disk, dir, path) = match kind {
             Kind::Null => (Disk::null(DISK, o.read_only, o.latency_ns), None, None),
             Kind::Uring | Kind::Threads => {
@@ -233,7 +238,7 @@ impl Rig {
     /// Pops and executes everything available, waits for the backend, and
     /// returns the used-ring entries (id, len) added meanwhile.
     fn run(&mut self) -> Vec<(u32, u32)> {
-        self.queues.process(self.id, &mut self.exec, true);
+        while self.queues.process(self.id, &mut self.exec, true) == Popped::More {}
         for _ in 0..5000 {
             self.queues.deliver(&mut self.exec);
             if self.queues.inflight() == 0 {
@@ -1012,4 +1017,97 @@ fn the_call_fd_is_written_on_notification() {
     let q = r.push(req_type::FLUSH, 0, &[]);
     r.run_one(&q, 1, status::OK);
     assert_eq!(efd.read().unwrap(), 1);
+}
+
+/// Makes the chain at `head` available `n` more times (the descriptor table
+/// holds too few chains to fill the ring with distinct ones).
+fn repeat_head(r: &mut Rig, head: u16, n: usize) {
+    for _ in 0..n {
+        let slot = r.avail + 4 + 2 * (r.avail_idx % QUEUE_SIZE) as u64;
+        r.mem.write_obj(head, GuestAddress(slot)).unwrap();
+        let next = r.avail_idx.wrapping_add(1);
+        set_avail_idx(r, next);
+    }
+}
+
+/// Sets the ring's avail index directly, as a hostile driver may.
+fn set_avail_idx(r: &mut Rig, idx: u16) {
+    r.avail_idx = idx;
+    r.mem.write_obj(idx, GuestAddress(r.avail + 2)).unwrap();
+}
+
+#[test]
+fn a_full_ring_is_popped_a_budget_at_a_time() {
+    let mut r = Rig::new(Kind::Null);
+    let n = QUEUE_SIZE as usize / 2 + POP_BUDGET / 2; // more than one budget, fits the ring
+    let first = r.push(req_type::IN, 0, &[(DATA, 512, true)]);
+    repeat_head(&mut r, first.head, n - 1);
+    assert_eq!(r.queues.process(r.id, &mut r.exec, true), Popped::More);
+    assert_eq!(r.queues.inflight(), POP_BUDGET, "one budget popped");
+    assert_eq!(r.stats.budget_exhausted.get(), 1);
+    assert_eq!(r.queues.process(r.id, &mut r.exec, true), Popped::Drained);
+    assert_eq!(r.queues.inflight(), n);
+    let used = r.run();
+    assert_eq!(used.len(), n);
+    assert!(used.iter().all(|&(_, len)| len == 513), "{used:?}");
+}
+
+#[test]
+fn a_flooding_queue_leaves_room_for_another_each_pass() {
+    // Two rigs stand for two queues of one thread: a pass processes each
+    // ready queue once, so the quiet queue's request waits for at most one
+    // budget of the flood's, never for the whole flood.
+    let mut flood = Rig::new(Kind::Null);
+    let mut quiet = Rig::new(Kind::Null);
+    let first = flood.push(req_type::IN, 0, &[(DATA, 512, true)]);
+    repeat_head(&mut flood, first.head, QUEUE_SIZE as usize - 2);
+    let q = quiet.push(req_type::IN, 0, &[(DATA, 512, true)]);
+    let mut passes = 0;
+    loop {
+        passes += 1;
+        let f = flood.queues.process(flood.id, &mut flood.exec, true);
+        quiet.queues.process(quiet.id, &mut quiet.exec, true);
+        assert!(flood.queues.inflight() <= POP_BUDGET * passes);
+        if quiet.queues.inflight() == 1 {
+            break;
+        }
+        assert_eq!(f, Popped::More);
+    }
+    assert_eq!(passes, 1, "the quiet queue was served in the first pass");
+    assert_eq!(flood.queues.inflight(), POP_BUDGET);
+    quiet.run_one(&q, 513, status::OK);
+}
+
+#[test]
+fn an_avail_index_beyond_the_queue_size_breaks_the_ring_once() {
+    for kind in ALL {
+        let mut r = Rig::new(kind);
+        set_avail_idx(&mut r, QUEUE_SIZE + 1);
+        assert_eq!(r.queues.process(r.id, &mut r.exec, true), Popped::Drained);
+        assert_eq!(r.stats.broken_rings.get(), 1, "{kind:?}");
+        assert!(r.queues.get(r.id).unwrap().broken());
+        // Nothing popped, nothing completed, and it stays stopped: a later
+        // pass does not touch it (no busy loop, no second count).
+        assert_eq!(r.queues.inflight(), 0);
+        assert_eq!(r.queues.process(r.id, &mut r.exec, true), Popped::Drained);
+        assert_eq!(r.stats.broken_rings.get(), 1);
+        assert_eq!(r.used_idx(), 0);
+    }
+}
+
+#[test]
+fn a_head_beyond_the_queue_size_breaks_the_ring() {
+    let mut r = Rig::new(Kind::Null);
+    let good = r.push(req_type::IN, 0, &[(DATA, 512, true)]);
+    // The next avail entry names head 100 on a 64-entry ring.
+    let slot = r.avail + 4 + 2 * (r.avail_idx % QUEUE_SIZE) as u64;
+    r.mem.write_obj(100u16, GuestAddress(slot)).unwrap();
+    let next = r.avail_idx + 1;
+    set_avail_idx(&mut r, next);
+    r.queues.process(r.id, &mut r.exec, true);
+    assert_eq!(r.stats.broken_rings.get(), 1);
+    // The request before it is still completed.
+    r.queues.deliver(&mut r.exec);
+    assert_eq!(r.used_idx(), 1);
+    assert_eq!(r.status(&good), status::OK);
 }
