@@ -96,6 +96,15 @@ pub struct ServeArgs {
     /// Write the statistics as JSON to this file on exit and on SIGUSR1.
     #[arg(long, value_name = "FILE")]
     pub stats_file: Option<PathBuf>,
+    /// seccomp filters per thread kind: on (a forbidden system call stops the
+    /// daemon with a message), log (the kernel logs it) or off. Default on;
+    /// overrides `seccomp` of --config.
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub seccomp: Option<crate::seccomp::SeccompMode>,
+    /// Most bounce-buffer memory per IOThread (e.g. 64M, the default); a request
+    /// beyond it waits. Overrides `iothreads.bounce-buffer-max` of --config.
+    #[arg(long, value_name = "SIZE")]
+    pub bounce_buffer_max: Option<String>,
 }
 
 impl ServeArgs {
@@ -105,8 +114,9 @@ impl ServeArgs {
         if let Some(path) = &self.config {
             let text = std::fs::read_to_string(path)
                 .map_err(|e| format!("--config {}: {e}", path.display()))?;
-            let cfg =
+            let mut cfg =
                 ServeConfig::from_toml(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+            self.apply_process_flags(&mut cfg);
             return Ok((cfg, false));
         }
         let default = self.image.is_none() && self.backend != Some(BackendKind::Null);
@@ -175,7 +185,18 @@ impl ServeArgs {
                 ..Default::default()
             });
         }
+        self.apply_process_flags(&mut cfg);
         Ok((cfg, default))
+    }
+
+    /// Flags that also apply on top of a --config file.
+    fn apply_process_flags(&self, cfg: &mut ServeConfig) {
+        if let Some(m) = self.seccomp {
+            cfg.seccomp = m;
+        }
+        if let Some(b) = &self.bounce_buffer_max {
+            cfg.iothreads.bounce_buffer_max = Some(b.clone());
+        }
     }
 }
 
@@ -283,6 +304,7 @@ pub fn flag_name(field: &str) -> String {
     match f {
         f if f.starts_with("iothreads.poll") => format!("--{}", &f["iothreads.".len()..]),
         "iothreads.count" | "iothreads" => "--iothreads".into(),
+        "iothreads.bounce-buffer-max" => "--bounce-buffer-max".into(),
         "iothread-vq-mapping" => "--map".into(),
         f if f.starts_with("iothreads.thread") => "--iothread-pin".into(),
         f if !f.contains('.') && !f.contains('[') => format!("--{f}"),

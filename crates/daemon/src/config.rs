@@ -92,6 +92,11 @@ pub struct IoThreadsConfig {
     /// Polling defaults for every IOThread (each `[[iothreads.thread]]` may override).
     #[serde(flatten)]
     pub poll: PollConfig,
+    /// Most memory each IOThread may hold in bounce buffers (for guest buffers
+    /// O_DIRECT cannot take), e.g. `"64M"`; a request that would exceed it
+    /// waits for buffers to be freed (or fails with IOERR if it alone is larger).
+    #[serde(default)]
+    pub bounce_buffer_max: Option<String>,
 }
 
 /// Polling settings, as in QEMU's iothread object and libvirt's `<poll>`.
@@ -160,11 +165,31 @@ impl Default for IoThreadsConfig {
             count: 1,
             threads: Vec::new(),
             poll: PollConfig::default(),
+            bounce_buffer_max: None,
         }
     }
 }
 
+/// Default of `bounce-buffer-max`: 64 MiB per IOThread (256 requests of 256 KiB).
+pub const DEFAULT_BOUNCE_BUFFER_MAX: u64 = 64 << 20;
+
 impl IoThreadsConfig {
+    /// `bounce-buffer-max` in bytes (default [`DEFAULT_BOUNCE_BUFFER_MAX`]).
+    pub fn bounce_buffer_max(&self) -> Result<u64, ConfigError> {
+        let Some(s) = &self.bounce_buffer_max else {
+            return Ok(DEFAULT_BOUNCE_BUFFER_MAX);
+        };
+        let f = "iothreads.bounce-buffer-max";
+        let n = parse_size(s).map_err(|m| ConfigError::new(f, m.to_string()))?;
+        if n < 1 << 20 {
+            return Err(ConfigError::new(
+                f,
+                format!("{s:?} is below the smallest useful cap, 1M (one largest request)"),
+            ));
+        }
+        Ok(n)
+    }
+
     /// The polling mode and knobs of IOThread `id`.
     pub fn poll_for(&self, id: usize) -> (PollMode, PollParams) {
         match self.threads.iter().find(|t| t.id == id) {
@@ -280,6 +305,9 @@ pub struct ServeConfig {
     /// The exports (`[[export]]`).
     #[serde(default, rename = "export")]
     pub exports: Vec<ExportConfig>,
+    /// seccomp filters per thread kind (`seccomp = "on" | "log" | "off"`; default on).
+    #[serde(default)]
+    pub seccomp: crate::seccomp::SeccompMode,
 }
 
 /// An export after validation: everything resolved to concrete values.
@@ -350,6 +378,7 @@ impl ServeConfig {
         if let Err(e) = self.iothreads.poll.resolve().1.validate() {
             return Err(ConfigError::new("iothreads.poll-weight", e.to_string()));
         }
+        self.iothreads.bounce_buffer_max()?;
         if self.exports.is_empty() {
             return Err(ConfigError::new(
                 "export",

@@ -17,6 +17,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use crate::block::{Backend, BlockError, Disk};
 use crate::config::{parse_cpuset, BackendKind, CacheMode, ConfigError, ServeConfig};
 use crate::iothread::{BlockDevice, Command, IoThreadHandle, IoThreadSetup};
+use crate::seccomp::ThreadKind;
 use crate::stats::DaemonSnapshot;
 use crate::vhost_user::{serve_frontend, wait_readable, ExportShared, SessionEnd};
 use crate::virtio::{BlkGeometry, SECTOR_SIZE};
@@ -54,6 +55,9 @@ pub enum DaemonError {
     /// A thread could not be started.
     #[error("cannot start a thread: {0}")]
     Thread(#[from] io::Error),
+    /// seccomp filters were asked for and cannot be installed here.
+    #[error("{0} (run with --seccomp off to serve without filters)")]
+    Seccomp(#[from] crate::seccomp::SeccompError),
 }
 
 struct ExportRunner {
@@ -77,6 +81,9 @@ impl Daemon {
     /// Validates `config`, opens every export and starts serving.
     pub fn start(config: &ServeConfig) -> Result<Daemon, DaemonError> {
         let plans = config.validate()?;
+        let seccomp = config.seccomp;
+        crate::seccomp::probe(seccomp)?;
+        let bounce_max = config.iothreads.bounce_buffer_max()?;
         // Open every disk before starting anything, so a bad export fails fast.
         let mut disks = Vec::new();
         for p in &plans {
@@ -120,6 +127,8 @@ impl Daemon {
                     cpus,
                     poll_mode,
                     poll_params,
+                    bounce_max,
+                    seccomp,
                 },
             )?);
         }
@@ -182,7 +191,12 @@ impl Daemon {
             // IOThread pool, so that `stop` can join the IOThreads.
             let control = std::thread::Builder::new()
                 .name(format!("vqblk-ctl{index}"))
-                .spawn(move || control_loop(listener, shared, sd))?;
+                .spawn(move || {
+                    if let Err(e) = crate::seccomp::apply(ThreadKind::Control, seccomp) {
+                        error!("{e}: the control thread runs without a filter");
+                    }
+                    control_loop(listener, shared, sd)
+                })?;
             daemon.exports.push(ExportRunner {
                 name: plan.name,
                 socket: c.socket.clone(),

@@ -21,10 +21,14 @@
 //! (`_exit(159)`): a thread that does something it never does on its own is taken to be
 //! subverted, and continuing would be worse than stopping.
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::sync::Once;
 
-use seccompiler::{BpfProgram, SeccompAction, SeccompFilter, SeccompRule, TargetArch};
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule, TargetArch,
+};
 use serde::{Deserialize, Serialize};
 
 /// Whether and how seccomp filters are installed (`--seccomp`, `seccomp =` in TOML).
@@ -96,7 +100,8 @@ const COMMON: &[libc::c_long] = &[
     libc::SYS_exit_group,
 ];
 
-/// A control thread: the vhost-user conversation with one frontend.
+/// A control thread: the vhost-user conversation with one frontend (and
+/// `ioctl(FIONREAD)` only, see [`program`]).
 const CONTROL: &[libc::c_long] = &[
     libc::SYS_accept4,
     libc::SYS_recvmsg,
@@ -115,9 +120,21 @@ const CONTROL: &[libc::c_long] = &[
     libc::SYS_shutdown,
 ];
 
-/// An IOThread: its event loop, io_uring, eventfds and timers.
+/// An IOThread: its event loop, io_uring, eventfds and timers. Backends are
+/// created on first use (io_uring_setup, a worker pool's threads: clone3 and
+/// what a new thread does to itself); a worker inherits this filter and adds
+/// its own.
 const IOTHREAD: &[libc::c_long] = &[
     libc::SYS_read,
+    libc::SYS_epoll_create1,
+    libc::SYS_io_uring_setup,
+    libc::SYS_clone3,
+    libc::SYS_clone,
+    libc::SYS_set_robust_list,
+    libc::SYS_rseq,
+    libc::SYS_prctl,
+    // A worker adds its own, narrower filter (filters only ever narrow).
+    libc::SYS_seccomp,
     libc::SYS_epoll_wait,
     libc::SYS_epoll_pwait,
     libc::SYS_epoll_pwait2,
@@ -176,8 +193,19 @@ pub fn allowed(kind: ThreadKind) -> Vec<libc::c_long> {
 
 /// Compiles the filter of `kind`, taking `mismatch` for any call not in [`allowed`].
 pub fn program(kind: ThreadKind, mismatch: SeccompAction) -> Result<BpfProgram, SeccompError> {
-    let rules: BTreeMap<i64, Vec<SeccompRule>> =
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
         allowed(kind).into_iter().map(|nr| (nr, vec![])).collect();
+    if kind == ThreadKind::Control {
+        // ioctl only as FIONREAD: how many bytes of a message have arrived.
+        let fionread =
+            SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, libc::FIONREAD)
+                .and_then(|c| SeccompRule::new(vec![c]))
+                .map_err(|e| SeccompError::Filter {
+                    kind,
+                    source: seccompiler::Error::Backend(e),
+                })?;
+        rules.insert(libc::SYS_ioctl, vec![fionread]);
+    }
     let filter = SeccompFilter::new(rules, mismatch, SeccompAction::Allow, target_arch()?)
         .map_err(|e| SeccompError::Filter {
             kind,
@@ -200,9 +228,41 @@ pub fn apply(kind: ThreadKind, mode: SeccompMode) -> Result<(), SeccompError> {
         }
     };
     let prog = program(kind, mismatch)?;
+    KIND.with(|k| k.set(kind as u8 + 1));
     seccompiler::apply_filter(&prog).map_err(|source| SeccompError::Filter { kind, source })?;
     log::debug!("seccomp: {kind:?} filter installed ({mode:?})");
     Ok(())
+}
+
+/// Checks that the filters of `mode` can be installed on this host, in a
+/// short-lived thread (the caller's thread stays unfiltered).
+pub fn probe(mode: SeccompMode) -> Result<(), SeccompError> {
+    if mode == SeccompMode::Off {
+        return Ok(());
+    }
+    for kind in [
+        ThreadKind::Control,
+        ThreadKind::IoThread,
+        ThreadKind::Worker,
+    ] {
+        program(kind, SeccompAction::Log)?;
+    }
+    std::thread::spawn(move || {
+        let prog = program(ThreadKind::IoThread, SeccompAction::Log)?;
+        seccompiler::apply_filter(&prog).map_err(|source| SeccompError::Filter {
+            kind: ThreadKind::IoThread,
+            source,
+        })
+    })
+    .join()
+    .unwrap_or(Err(SeccompError::Arch("probe thread panicked")))
+}
+
+thread_local! {
+    /// The kind of the filter this thread installed (1 + [`ThreadKind`] as
+    /// u8; 0: none), for the SIGSYS handler. Const-initialised, no
+    /// destructor: reading it from a signal handler allocates nothing.
+    static KIND: Cell<u8> = const { Cell::new(0) };
 }
 
 /// Offset of `si_syscall` in a SIGSYS `siginfo_t` on 64-bit Linux: three `int`s and
@@ -226,13 +286,17 @@ extern "C" fn on_sigsys(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mu
         buf[len..len + n].copy_from_slice(&bytes[..n]);
         len += n;
     };
-    put(b"vqblk: seccomp: thread ");
-    let mut name = [0u8; 16];
-    // SAFETY: prctl(PR_GET_NAME) writes at most 16 bytes into the buffer it is given,
-    // which is 16 bytes long; it is async-signal-safe (a plain system call).
-    unsafe { libc::prctl(libc::PR_GET_NAME, name.as_mut_ptr()) };
-    put(&name[..name.iter().position(|&b| b == 0).unwrap_or(16)]);
-    put(b" made forbidden system call ");
+    // The kind was recorded when the filter went on: asking the kernel for the
+    // thread's name (prctl) may itself be forbidden, and a second SIGSYS inside
+    // this handler would kill the process without a word.
+    put(b"vqblk: seccomp: a ");
+    put(match KIND.with(Cell::get) {
+        1 => b"control",
+        2 => b"IOThread",
+        3 => b"worker",
+        _ => b"daemon",
+    });
+    put(b" thread made forbidden system call ");
     let mut digits = [0u8; 12];
     let mut i = digits.len();
     let mut v = nr.unsigned_abs();
@@ -280,7 +344,10 @@ mod tests {
 
     /// Runs `f` in a fresh thread under `kind`'s filter, with forbidden calls failing
     /// with EPERM instead of stopping the test process.
-    fn under_filter<T: Send + 'static>(kind: ThreadKind, f: fn() -> T) -> T {
+    fn under_filter<T: Send + 'static>(
+        kind: ThreadKind,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> T {
         std::thread::spawn(move || {
             let prog = program(kind, SeccompAction::Errno(libc::EPERM as u32)).unwrap();
             seccompiler::apply_filter(&prog).unwrap();
@@ -319,8 +386,6 @@ mod tests {
                 libc::SYS_ptrace,
                 libc::SYS_setuid,
                 libc::SYS_mount,
-                libc::SYS_clone,
-                libc::SYS_clone3,
                 libc::SYS_fork,
                 libc::SYS_unlink,
                 libc::SYS_ioctl,
@@ -359,12 +424,39 @@ mod tests {
         let ok = under_filter(ThreadKind::IoThread, || {
             let efd = vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK).unwrap();
             efd.write(1).unwrap();
-            let ep = vmm_sys_util::epoll::Epoll::new().err();
-            (efd.read().unwrap(), ep.and_then(|e| e.raw_os_error()))
+            let ep = vmm_sys_util::epoll::Epoll::new().is_ok();
+            let ring = io_uring::IoUring::new(8).is_ok();
+            (efd.read().unwrap(), ep, ring)
         });
-        assert_eq!(ok.0, 1);
-        // epoll_create1 is done at thread setup, before the filter: refused after it.
-        assert_eq!(ok.1, Some(libc::EPERM));
+        assert_eq!(ok, (1, true, true));
+    }
+
+    #[test]
+    fn the_control_thread_may_ioctl_fionread_only() {
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let (fionread, tcgets) = under_filter(ThreadKind::Control, move || {
+            let _b = b;
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&a);
+            let mut n: libc::c_int = 0;
+            // SAFETY: FIONREAD writes one int through the pointer, which points to `n`.
+            let r1 = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n) };
+            let mut t = [0u8; 64];
+            // SAFETY: TCGETS writes a termios (60 bytes) into the 64-byte buffer;
+            // here it is refused before it runs.
+            let r2 = unsafe { libc::ioctl(fd, libc::TCGETS, t.as_mut_ptr()) };
+            let e2 = std::io::Error::last_os_error().raw_os_error();
+            (r1, (r2, e2))
+        });
+        assert_eq!(fionread, 0);
+        assert_eq!(tcgets, (-1, Some(libc::EPERM)));
+    }
+
+    #[test]
+    fn only_iothreads_may_start_threads() {
+        for kind in [ThreadKind::Control, ThreadKind::Worker] {
+            assert!(!allowed(kind).contains(&libc::SYS_clone3), "{kind:?}");
+            assert!(!allowed(kind).contains(&libc::SYS_clone), "{kind:?}");
+        }
     }
 
     #[test]

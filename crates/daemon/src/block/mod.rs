@@ -11,6 +11,7 @@ mod threads;
 mod transfer;
 mod uring;
 
+use crate::seccomp::SeccompMode;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
@@ -341,9 +342,19 @@ pub struct Engines {
     /// Completion eventfds of engines created since the last
     /// [`Engines::take_new_notify_fds`].
     new_fds: Vec<RawFd>,
+    /// seccomp mode for the pool's workers.
+    seccomp: SeccompMode,
 }
 
 impl Engines {
+    /// No engine yet; pool workers will run under `seccomp`'s worker filter.
+    pub fn new(seccomp: SeccompMode) -> Engines {
+        Engines {
+            seccomp,
+            ..Default::default()
+        }
+    }
+
     /// The engine for `backend`, created if needed (`name` names pool workers).
     pub fn get(&mut self, backend: Backend, name: &str) -> io::Result<&mut dyn Engine> {
         Ok(match backend {
@@ -370,7 +381,7 @@ impl Engines {
             Backend::Threads => match &mut self.pool {
                 Some(p) => p,
                 p @ None => {
-                    let e = PoolEngine::new(name, 4)?;
+                    let e = PoolEngine::new(name, 4, self.seccomp)?;
                     self.new_fds.extend(e.notify_fd());
                     p.insert(e)
                 }

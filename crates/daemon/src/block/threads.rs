@@ -1,6 +1,7 @@
 //! The `threads` engine: a small pool of blocking workers per IOThread, like
 //! QEMU's `aio=threads`. Completions come back through a list and an eventfd.
 
+use crate::seccomp::{SeccompMode, ThreadKind};
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -39,8 +40,9 @@ pub struct PoolEngine {
 }
 
 impl PoolEngine {
-    /// Starts `n` workers named `{name}-w{i}`.
-    pub fn new(name: &str, n: usize) -> io::Result<Self> {
+    /// Starts `n` workers named `{name}-w{i}`, each under the worker seccomp
+    /// filter of `seccomp`.
+    pub fn new(name: &str, n: usize, seccomp: SeccompMode) -> io::Result<Self> {
         let (tx, rx) = channel::<Job>();
         let rx = Arc::new(Mutex::new(rx));
         let done = Arc::new(Done {
@@ -54,7 +56,12 @@ impl PoolEngine {
             workers.push(
                 std::thread::Builder::new()
                     .name(format!("{name}-w{i}"))
-                    .spawn(move || worker(rx, done))?,
+                    .spawn(move || {
+                        if let Err(e) = crate::seccomp::apply(ThreadKind::Worker, seccomp) {
+                            log::error!("{e}: the worker runs without its own filter");
+                        }
+                        worker(rx, done)
+                    })?,
             );
         }
         Ok(PoolEngine {
@@ -134,7 +141,7 @@ mod tests {
 
     #[test]
     fn completions_are_seen_without_the_lock_and_reaped_once() {
-        let mut pool = PoolEngine::new("t", 2).unwrap();
+        let mut pool = PoolEngine::new("t", 2, SeccompMode::Off).unwrap();
         assert!(!pool.has_completions());
         let f = tempfile::tempfile().unwrap();
         let flush = IoOp {

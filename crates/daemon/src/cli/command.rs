@@ -75,6 +75,10 @@ pub struct ServeCommand {
     pub log_level: Option<log::LevelFilter>,
     /// `--stats-file FILE`: statistics JSON written on exit and on SIGUSR1.
     pub stats_file: Option<PathBuf>,
+    /// `--seccomp MODE`: seccomp filters on, log or off.
+    pub seccomp: Option<crate::seccomp::SeccompMode>,
+    /// `--bounce-buffer-max BYTES`: bounce-buffer memory per IOThread.
+    pub bounce_buffer_max: Option<u64>,
 }
 
 /// The name clap gives a `ValueEnum` value on the command line.
@@ -161,6 +165,12 @@ impl ServeCommand {
         }
         if let Some(p) = &self.stats_file {
             flag("--stats-file", path(p));
+        }
+        if let Some(m) = &self.seccomp {
+            flag("--seccomp", value_name(m));
+        }
+        if let Some(b) = self.bounce_buffer_max {
+            flag("--bounce-buffer-max", b.to_string().into());
         }
         if self.read_only {
             v.push("--read-only".into());

@@ -22,6 +22,15 @@ pub enum ExecuteError {
     /// No aligned bounce buffer could be allocated.
     #[error("cannot allocate a bounce buffer of {0} bytes")]
     BounceAlloc(u64),
+    /// The request alone needs more bounce-buffer memory than the IOThread's
+    /// cap (`bounce-buffer-max`).
+    #[error("needs a {len}-byte bounce buffer, more than bounce-buffer-max ({max})")]
+    BounceLimit {
+        /// The request's length.
+        len: u64,
+        /// The cap.
+        max: u64,
+    },
     /// Copying between guest memory and a bounce buffer failed.
     #[error("bounce buffer copy failed: {0}")]
     BounceCopy(#[source] vm_memory::GuestMemoryError),

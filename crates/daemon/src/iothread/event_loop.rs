@@ -85,7 +85,7 @@ impl IoThread {
             pending,
         } = channels;
         IoThread {
-            executor: Executor::new(name.clone()),
+            executor: Executor::new(name.clone(), setup.bounce_max, setup.seccomp),
             name,
             epoll,
             wake,

@@ -5,6 +5,7 @@
 //! backends and the bounce buffers; it never touches a virtqueue.
 
 use std::alloc::{alloc, dealloc, Layout};
+use std::collections::VecDeque;
 use std::os::fd::RawFd;
 use std::sync::Arc;
 
@@ -13,6 +14,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
 
 use super::{BlockDevice, ExecuteError, GuestMem};
 use crate::block::{Backend, Completion, Engines, IoKind, Next, Transfer};
+use crate::seccomp::SeccompMode;
 use crate::virtio::device::{self, Action, BlockIo};
 use crate::virtio::request::{Rejected, ReqKind, Request, Segment};
 
@@ -75,6 +77,14 @@ impl Drop for Bounce {
     }
 }
 
+/// What [`Executor::submit`] did with a request.
+enum Submitted {
+    /// Handed to the backend.
+    InFlight,
+    /// Its bounce buffer does not fit under the cap yet: it waits.
+    Waits(BlockIo),
+}
+
 /// A request submitted to a backend and not yet completed.
 struct Inflight {
     ticket: Ticket,
@@ -101,18 +111,38 @@ pub(super) struct Executor {
     /// Requests finished without a backend (refused, answered by the device
     /// model, failed before submission), not yet handed out.
     ready: Vec<Finished>,
+    /// Bytes held in bounce buffers by requests in flight.
+    bounce_bytes: u64,
+    /// Most bytes the bounce buffers may hold (`bounce-buffer-max`).
+    bounce_max: u64,
+    /// Requests waiting for bounce-buffer memory, oldest first.
+    waiting: VecDeque<Waiting>,
+}
+
+/// A request that needs a bounce buffer while the cap is reached: it runs
+/// when requests in flight give theirs back.
+struct Waiting {
+    ticket: Ticket,
+    io: BlockIo,
+    mem: Arc<GuestMem>,
+    device: Arc<BlockDevice>,
 }
 
 impl Executor {
-    /// An executor with no backend yet (they are created on first use).
-    pub fn new(name: String) -> Executor {
+    /// An executor with no backend yet (they are created on first use) whose
+    /// bounce buffers hold at most `bounce_max` bytes at a time; pool workers
+    /// run under `seccomp`'s worker filter.
+    pub fn new(name: String, bounce_max: u64, seccomp: SeccompMode) -> Executor {
         Executor {
             name,
             inflight: Vec::new(),
             free: Vec::new(),
-            engines: Engines::default(),
+            engines: Engines::new(seccomp),
             reaped: Vec::new(),
             ready: Vec::new(),
+            bounce_bytes: 0,
+            bounce_max,
+            waiting: VecDeque::new(),
         }
     }
 
@@ -123,7 +153,7 @@ impl Executor {
         slot: SlotId,
         parsed: Result<Request, Rejected>,
         mem: &Arc<GuestMem>,
-        device: &BlockDevice,
+        device: &Arc<BlockDevice>,
     ) {
         let req = match parsed {
             Ok(req) => req,
@@ -147,11 +177,34 @@ impl Executor {
             Ok(Action::Answered(written)) => Ok(written as u64),
             Err(e) => Err(ExecuteError::GetId(e)),
             Ok(Action::Io(io)) => match self.submit(ticket, io, mem, device) {
-                Ok(()) => return,
+                Ok(Submitted::InFlight) => return,
+                Ok(Submitted::Waits(io)) => {
+                    self.waiting.push_back(Waiting {
+                        ticket,
+                        io,
+                        mem: mem.clone(),
+                        device: device.clone(),
+                    });
+                    return;
+                }
                 Err(e) => Err(e),
             },
         };
         self.finish_now(ticket, result, mem);
+    }
+
+    /// Submits waiting requests, oldest first, while their bounce buffers fit.
+    fn run_waiting(&mut self) {
+        while let Some(w) = self.waiting.pop_front() {
+            match self.submit(w.ticket, w.io, &w.mem, &w.device) {
+                Ok(Submitted::InFlight) => {}
+                Ok(Submitted::Waits(io)) => {
+                    self.waiting.push_front(Waiting { io, ..w });
+                    return;
+                }
+                Err(e) => self.finish_now(w.ticket, Err(e), &w.mem),
+            }
+        }
     }
 
     fn finish_now(
@@ -167,14 +220,15 @@ impl Executor {
         });
     }
 
-    /// Puts `io` in flight on the device's backend.
+    /// Puts `io` in flight on the device's backend, or hands it back if its
+    /// bounce buffer does not fit under the cap yet.
     fn submit(
         &mut self,
         ticket: Ticket,
         io: BlockIo,
         mem: &Arc<GuestMem>,
         device: &BlockDevice,
-    ) -> Result<(), ExecuteError> {
+    ) -> Result<Submitted, ExecuteError> {
         let disk = &device.disk;
         let mut iov = Vec::new();
         let mut bounce = None;
@@ -183,7 +237,18 @@ impl Executor {
             if v.len() <= IOV_MAX && (!disk.direct || aligned(&v, disk.align)) {
                 iov = v;
             } else {
-                // Unaligned for O_DIRECT (or too fragmented): go through an aligned copy.
+                // Unaligned for O_DIRECT (or too fragmented): go through an
+                // aligned copy, within the thread's cap: a guest's unaligned
+                // buffers cannot make the daemon allocate without bound.
+                if io.len > self.bounce_max {
+                    return Err(ExecuteError::BounceLimit {
+                        len: io.len,
+                        max: self.bounce_max,
+                    });
+                }
+                if self.bounce_bytes + io.len > self.bounce_max {
+                    return Ok(Submitted::Waits(io));
+                }
                 let mut b =
                     Bounce::new(io.len as usize).ok_or(ExecuteError::BounceAlloc(io.len))?;
                 if io.kind == IoKind::Write {
@@ -212,11 +277,40 @@ impl Executor {
             transfer,
             bounce,
         });
-        self.submit_token(token).map_err(|source| {
-            self.inflight[token] = None;
-            self.free.push(token);
-            ExecuteError::Submit { backend, source }
-        })
+        let bounced = self.bounce_len(token);
+        self.bounce_bytes += bounced;
+        match self.submit_token(token) {
+            Ok(()) => Ok(Submitted::InFlight),
+            Err(source) => {
+                self.inflight[token] = None;
+                self.free.push(token);
+                self.bounce_bytes -= bounced;
+                Err(ExecuteError::Submit { backend, source })
+            }
+        }
+    }
+
+    /// Bounce-buffer bytes held by in-flight request `token`.
+    fn bounce_len(&self, token: usize) -> u64 {
+        match self.inflight.get(token).and_then(Option::as_ref) {
+            Some(Inflight {
+                bounce: Some((b, _)),
+                ..
+            }) => b.layout.size() as u64,
+            _ => 0,
+        }
+    }
+
+    /// Bytes held in bounce buffers now.
+    #[cfg(test)]
+    pub fn bounce_bytes(&self) -> u64 {
+        self.bounce_bytes
+    }
+
+    /// Requests waiting for bounce-buffer memory.
+    #[cfg(test)]
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
     }
 
     /// Hands in-flight request `token` to its backend.
@@ -268,6 +362,10 @@ impl Executor {
                 self.on_completion(c, out);
             }
             self.reaped = reaped;
+            if !self.waiting.is_empty() {
+                self.run_waiting();
+                out.append(&mut self.ready);
+            }
         }
     }
 
@@ -287,10 +385,12 @@ impl Executor {
             },
             Next::Done(r) => r.map_err(ExecuteError::from),
         };
+        let bounced = self.bounce_len(token);
         let Some(mut inf) = self.inflight[token].take() else {
             return;
         };
         self.free.push(token);
+        self.bounce_bytes -= bounced;
         if let (Ok(_), IoKind::Read, Some((b, segs))) =
             (&result, inf.transfer.kind(), &mut inf.bounce)
         {

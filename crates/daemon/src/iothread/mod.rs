@@ -31,7 +31,7 @@ use std::sync::mpsc::{channel, Sender, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use log::warn;
+use log::{error, warn};
 use virtio_queue::Queue;
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
@@ -39,6 +39,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::block::Disk;
 use crate::poll::{PollMode, PollParams};
+use crate::seccomp::{self, SeccompMode, ThreadKind};
 use crate::stats::IoThreadStats;
 use crate::virtio::device::serial_bytes;
 use crate::virtio::request::Limits;
@@ -166,6 +167,10 @@ pub struct IoThreadSetup {
     pub poll_mode: PollMode,
     /// QEMU-compatible polling knobs.
     pub poll_params: PollParams,
+    /// Most bounce-buffer memory the thread may hold (`bounce-buffer-max`).
+    pub bounce_max: u64,
+    /// seccomp filter mode for the thread (and its workers).
+    pub seccomp: SeccompMode,
 }
 
 impl Default for IoThreadSetup {
@@ -174,6 +179,8 @@ impl Default for IoThreadSetup {
             cpus: None,
             poll_mode: PollMode::Off,
             poll_params: PollParams::default(),
+            bounce_max: crate::config::DEFAULT_BOUNCE_BUFFER_MAX,
+            seccomp: SeccompMode::Off,
         }
     }
 }
@@ -212,7 +219,13 @@ impl IoThreadHandle {
                 // of normal threads is 50 us).
                 // SAFETY: prctl with integer arguments only.
                 unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong) };
-                event_loop::IoThread::new(name, channels, thread_stats, &setup).run();
+                let mut t = event_loop::IoThread::new(name, channels, thread_stats, &setup);
+                // Everything the thread opens from here on (io_uring rings,
+                // worker pools, timers) is allowed by its filter.
+                if let Err(e) = seccomp::apply(ThreadKind::IoThread, setup.seccomp) {
+                    error!("{e}: the IOThread serves without a filter");
+                }
+                t.run();
             })?;
         Ok(IoThreadHandle {
             index,

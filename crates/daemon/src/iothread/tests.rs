@@ -19,6 +19,7 @@ use super::executor::{Executor, SlotId};
 use super::queue::{Popped, QueueSlot, Queues, POP_BUDGET};
 use super::{BlockDevice, GuestMem, QueueAttach, QueueKey};
 use crate::block::{Backend, Disk};
+use crate::seccomp::SeccompMode;
 use crate::stats::{IoThreadStats, QueueCounters};
 use crate::virtio::{req_type, status, BlkGeometry};
 
@@ -56,6 +57,8 @@ struct Opts {
     /// through a bounce buffer.
     bounce: bool,
     latency_ns: u64,
+    /// The executor's bounce-buffer cap (default 64 MiB).
+    bounce_max: Option<u64>,
 }
 
 /// A request pushed on the ring.
@@ -157,7 +160,11 @@ impl Rig {
             kind,
             mem,
             queues,
-            exec: Executor::new("test".into()),
+            exec: Executor::new(
+                "test".into(),
+                o.bounce_max.unwrap_or(64 << 20),
+                SeccompMode::Off,
+            ),
             id,
             device,
             stats,
@@ -1110,4 +1117,42 @@ fn a_head_beyond_the_queue_size_breaks_the_ring() {
     r.queues.deliver(&mut r.exec);
     assert_eq!(r.used_idx(), 1);
     assert_eq!(r.status(&good), status::OK);
+}
+
+#[test]
+fn bounce_buffers_stay_under_the_cap_and_requests_wait_for_them() {
+    for kind in FILES {
+        let o = Opts {
+            bounce: true,
+            bounce_max: Some(4096),
+            ..Default::default()
+        };
+        let mut r = Rig::with(kind, o);
+        // Two reads into unaligned guest buffers: each needs a 4 KiB bounce
+        // buffer, the cap holds one.
+        let a = r.push(req_type::IN, 0, &[(DATA + 1, 4096, true)]);
+        let b = r.push(req_type::IN, 8, &[(DATA + 0x2001, 4096, true)]);
+        r.queues.process(r.id, &mut r.exec, true);
+        assert_eq!(r.exec.bounce_bytes(), 4096, "{kind:?}");
+        assert_eq!(r.exec.waiting(), 1, "{kind:?}: the second waits");
+        let used = r.run();
+        assert_eq!(used.len(), 2, "{kind:?}");
+        assert_eq!((r.status(&a), r.status(&b)), (status::OK, status::OK));
+        assert_eq!(r.read(DATA + 1, 4096), r.expected(0, 4096), "{kind:?}");
+        assert_eq!(r.read(DATA + 0x2001, 4096), r.expected(8 * 512, 4096));
+        assert_eq!((r.exec.bounce_bytes(), r.exec.waiting()), (0, 0));
+    }
+}
+
+#[test]
+fn a_request_larger_than_the_bounce_cap_is_ioerr() {
+    let o = Opts {
+        bounce: true,
+        bounce_max: Some(4096),
+        ..Default::default()
+    };
+    let mut r = Rig::with(Kind::Uring, o);
+    let q = r.push(req_type::IN, 0, &[(DATA + 1, 8192, true)]);
+    r.run_one(&q, 1, status::IOERR);
+    assert_eq!(r.exec.bounce_bytes(), 0);
 }
