@@ -170,8 +170,7 @@ impl Default for IoThreadsConfig {
     }
 }
 
-/// Default of `bounce-buffer-max`: 64 MiB per IOThread (256 requests of 256 KiB).
-pub const DEFAULT_BOUNCE_BUFFER_MAX: u64 = 64 << 20;
+pub use crate::iothread::DEFAULT_BOUNCE_BUFFER_MAX;
 
 impl IoThreadsConfig {
     /// `bounce-buffer-max` in bytes (default [`DEFAULT_BOUNCE_BUFFER_MAX`]).

@@ -173,13 +173,16 @@ pub struct IoThreadSetup {
     pub seccomp: SeccompMode,
 }
 
+/// Default of `bounce-buffer-max`: 64 MiB per IOThread (256 requests of 256 KiB).
+pub const DEFAULT_BOUNCE_BUFFER_MAX: u64 = 64 << 20;
+
 impl Default for IoThreadSetup {
     fn default() -> Self {
         IoThreadSetup {
             cpus: None,
             poll_mode: PollMode::Off,
             poll_params: PollParams::default(),
-            bounce_max: crate::config::DEFAULT_BOUNCE_BUFFER_MAX,
+            bounce_max: DEFAULT_BOUNCE_BUFFER_MAX,
             seccomp: SeccompMode::Off,
         }
     }
