@@ -152,10 +152,7 @@ fn run_case(c: &ParserCase) -> Outcome {
     }
     let vq = MockSplitQueue::create(&g.mem, GuestAddress(0), size);
     for (i, d) in c.descs.iter().take(size as usize).enumerate() {
-        g.put(
-            vq.desc_table_addr().0 + 16 * i as u64,
-            &d.bytes(g, size),
-        );
+        g.put(vq.desc_table_addr().0 + 16 * i as u64, &d.bytes(g, size));
     }
     let head = match c.head_mode {
         0..=239 => c.head % size,
@@ -167,7 +164,9 @@ fn run_case(c: &ParserCase) -> Outcome {
         fuzz::note(match &c.shape {
             Shape::Raw => "shape:raw".to_string(),
             Shape::Direct { parts, .. } => format!("shape:direct{}", parts.parts().len().min(5)),
-            Shape::Indirect { parts, .. } => format!("shape:indirect{}", parts.parts().len().min(5)),
+            Shape::Indirect { parts, .. } => {
+                format!("shape:indirect{}", parts.parts().len().min(5))
+            }
         });
     }
     if head < size {
@@ -207,7 +206,11 @@ fn run_case(c: &ParserCase) -> Outcome {
     if fuzz::debug() && !matches!(c.shape, Shape::Raw) {
         if let Err(r) = &parsed {
             if r.error == RequestError::NoStatus {
-                fuzz::note(format!("nostatus:{}descs:{}", descs.len().min(5), if head >= size {"oob"} else {"in"}));
+                fuzz::note(format!(
+                    "nostatus:{}descs:{}",
+                    descs.len().min(5),
+                    if head >= size { "oob" } else { "in" }
+                ));
             }
         }
     }
@@ -263,7 +266,9 @@ fn check_ok(
         return Outcome::Known("PARSER_DATA_WRAP");
     }
     if Some(req.status.0) != want_status {
-        return bad(format!("status not the last writable byte {want_status:x?}"));
+        return bad(format!(
+            "status not the last writable byte {want_status:x?}"
+        ));
     }
     let status = Segment {
         addr: req.status,
@@ -275,15 +280,13 @@ fn check_ok(
     // What the device writes: the data segments plus the status byte are
     // exactly the device-writable bytes of the chain (a guest may alias
     // descriptors, so this is counted, not compared address by address).
-    let writable: u64 = descs
-        .iter()
-        .filter(|d| d.write)
-        .map(|d| d.len as u64)
-        .sum();
+    let writable: u64 = descs.iter().filter(|d| d.write).map(|d| d.len as u64).sum();
     let partition = |data: &[Segment]| -> Result<(), String> {
         let n: u64 = data.iter().map(|s| s.len as u64).sum();
         if n + 1 != writable {
-            return Err(format!("{n} data bytes + status for {writable} writable bytes"));
+            return Err(format!(
+                "{n} data bytes + status for {writable} writable bytes"
+            ));
         }
         Ok(())
     };
@@ -297,7 +300,9 @@ fn check_ok(
                 return Err(format!("segment {s:?} above size_max"));
             }
             if !covered(descs, s, write) {
-                return Err(format!("segment {s:?} outside the descriptors (write={write})"));
+                return Err(format!(
+                    "segment {s:?} outside the descriptors (write={write})"
+                ));
             }
             total += s.len as u64;
         }
@@ -309,13 +314,15 @@ fn check_ok(
             .is_some_and(|e| e <= limits.capacity_sectors)
     };
     let r = match &req.op {
-        Operation::Read { sector, data } => partition(data).and(check_data(data, true)).and_then(|n| {
-            if n == 0 || n % 512 != 0 || !in_range(*sector, n / 512) {
-                Err(format!("read of {n} bytes at {sector} accepted"))
-            } else {
-                Ok(())
-            }
-        }),
+        Operation::Read { sector, data } => {
+            partition(data).and(check_data(data, true)).and_then(|n| {
+                if n == 0 || n % 512 != 0 || !in_range(*sector, n / 512) {
+                    Err(format!("read of {n} bytes at {sector} accepted"))
+                } else {
+                    Ok(())
+                }
+            })
+        }
         Operation::Write { sector, data } => check_data(data, false).and_then(|n| {
             if limits.read_only {
                 Err("write accepted on a read-only export".into())
@@ -340,7 +347,9 @@ fn check_ok(
         Operation::GetId { data } => partition(data).and(
             data.iter()
                 .find(|s| !covered(descs, s, true))
-                .map_or(Ok(()), |s| Err(format!("segment {s:?} outside the writable descriptors"))),
+                .map_or(Ok(()), |s| {
+                    Err(format!("segment {s:?} outside the writable descriptors"))
+                }),
         ),
         // Flush, discard and write-zeroes write only the status byte.
         Operation::Flush => Ok(()),

@@ -48,13 +48,7 @@ impl Guarded {
             let ptr = unsafe { base.cast::<u8>().add(PAGE) };
             // SAFETY: makes the middle of our own reservation accessible; the
             // guard pages either side stay PROT_NONE.
-            let r = unsafe {
-                libc::mprotect(
-                    ptr.cast(),
-                    size,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                )
-            };
+            let r = unsafe { libc::mprotect(ptr.cast(), size, libc::PROT_READ | libc::PROT_WRITE) };
             assert_eq!(r, 0, "mprotect");
             // SAFETY: `ptr..ptr + size` is a live read-write mapping that is
             // never unmapped (it lives as long as the process) and is only

@@ -58,6 +58,13 @@ pub fn debug() -> bool {
     *DEBUG.get_or_init(|| std::env::var_os("VQBLK_FUZZ_DEBUG").is_some())
 }
 
+/// Whether `VQBLK_FUZZ_NO_KNOWN` turns the known-defect filters off (to see
+/// the known defects reported as findings, or to check they are fixed).
+pub fn no_known() -> bool {
+    static NO_KNOWN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *NO_KNOWN.get_or_init(|| std::env::var_os("VQBLK_FUZZ_NO_KNOWN").is_some())
+}
+
 /// Whether this run replays one saved input (`VQBLK_FUZZ_REPLAY`).
 pub fn replaying() -> bool {
     static REPLAY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();

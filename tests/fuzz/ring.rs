@@ -619,7 +619,13 @@ impl Body {
                 }
             }
         }
-        let last_is_writable_data = matches!(v.last(), Some(Placed { part: Part::Data { write: true, .. }, .. }));
+        let last_is_writable_data = matches!(
+            v.last(),
+            Some(Placed {
+                part: Part::Data { write: true, .. },
+                ..
+            })
+        );
         if t.status_in_data && last_is_writable_data {
             if let Some(Placed {
                 part: Part::Data { len, .. },
