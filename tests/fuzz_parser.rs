@@ -127,16 +127,17 @@ struct D {
 /// Whether `seg` lies inside one of `descs` of direction `write`, and
 /// outside `[avoid, avoid + avoid_len)`.
 fn covered(descs: &[D], seg: &Segment, write: bool) -> bool {
-    let (a, l) = (seg.addr.0, seg.len as u64);
-    let Some(end) = a.checked_add(l) else {
+    // Inclusive last bytes: a buffer may end exactly at 2^64.
+    let Some(last) = seg.addr.0.checked_add((seg.len as u64).max(1) - 1) else {
         return false;
     };
     descs.iter().any(|d| {
         d.write == write
-            && a >= d.addr
+            && d.len > 0
+            && seg.addr.0 >= d.addr
             && d.addr
-                .checked_add(d.len as u64)
-                .is_some_and(|dend| end <= dend)
+                .checked_add(d.len as u64 - 1)
+                .is_some_and(|dlast| last <= dlast)
     })
 }
 

@@ -477,6 +477,17 @@ fn check(
         Vec::new()
     };
     fuzz::note(format!("popped:{}", popped.min(9)));
+    if fuzz::replaying() {
+        println!(
+            "ring: desc {:#x} avail {:#x} used {:#x} size {size}",
+            r.desc, r.avail, r.used
+        );
+        for (h, c) in heads.iter().zip(&chains) {
+            println!("head {h:?}: {c:x?}");
+        }
+        let ch = g.changed(pre, post);
+        println!("changed ({}): {:x?}", ch.len(), &ch[..ch.len().min(40)]);
+    }
     if added != popped {
         let beyond = heads.iter().any(|&(a, b)| a >= size || b >= size);
         if added < popped && filters && beyond {
@@ -499,13 +510,15 @@ fn check(
     // (More than `size` completions in one pass, possible when requests'
     // data move the avail idx, overwrite each other's used entries: then
     // only the counts and the writes are checked.)
-    let mut unmatched: Vec<bool> = vec![true; heads.len()];
     let entries = if added > size {
         fuzz::note("popped>size");
         0
     } else {
         added
     };
+    // Per head: used entries naming it, against the popped slots that may
+    // have named it (before or after the pass, or rewritten during it).
+    let mut used_per_head: std::collections::BTreeMap<u32, (u32, u32)> = Default::default();
     for k in 0..entries {
         let at = r.used + 4 + 8 * (r.next_used.wrapping_add(k) % size) as u64;
         let Some(b) = g.read(post, at, 8) else {
@@ -516,43 +529,43 @@ fn check(
         if fuzz::replaying() {
             println!("used {k} at {at:#x}: id {id} len {len}");
         }
-        // Certain slots first, then slots that named this head before or
-        // after the pass, then any slot rewritten during it.
-        let free = |j: &usize| unmatched[*j];
-        let Some(j) = (0..heads.len())
-            .filter(free)
-            .find(|&j| !uncertain[j] && heads[j].0 as u32 == id)
-            .or_else(|| {
-                (0..heads.len())
-                    .filter(free)
-                    .find(|&j| heads[j].0 as u32 == id || heads[j].1 as u32 == id)
+        // A later request's status or data may have landed on this entry (a
+        // buffer over the used ring): what it says is not the device's.
+        if (0..8).any(|b| {
+            chains.iter().any(|c| in_writable(c, at + b, 1)) || in_writable(&any_chain, at + b, 1)
+        }) {
+            fuzz::note("aliased-used");
+            continue;
+        }
+        let e = used_per_head.entry(id).or_default();
+        e.0 += 1;
+        e.1 = e.1.max(len);
+    }
+    for (&id, &(n, len)) in &used_per_head {
+        let slots: Vec<usize> = (0..heads.len())
+            .filter(|&j| {
+                heads[j].0 as u32 == id
+                    || heads[j].1 as u32 == id
+                    || (uncertain[j] && id < size as u32)
             })
-            .or_else(|| {
-                (0..heads.len())
-                    .filter(free)
-                    .find(|&j| uncertain[j] && id < size as u32)
-            })
-        else {
-            // A later request's status or data may have landed on this
-            // entry (a buffer over the used ring): not the device's doing.
-            if (0..8).any(|b| {
-                chains.iter().any(|c| in_writable(c, at + b, 1))
-                    || in_writable(&any_chain, at + b, 1)
-            }) {
-                fuzz::note("aliased-used");
-                continue;
-            }
+            .collect();
+        if n as usize > slots.len() {
             return Outcome::Finding(format!(
-                "used entry {k} names head {id}, not a popped head left (heads {heads:?})"
+                "head {id} has {n} used entries but was popped {} times (heads {heads:?})",
+                slots.len()
             ));
-        };
-        unmatched[j] = false;
-        let chain = if uncertain[j] { &any_chain } else { &chains[j] };
-        let writable: u64 = chain
+        }
+        let writable = slots
             .iter()
-            .filter(|d| d.flags & WRITE != 0)
-            .map(|d| d.len as u64)
-            .sum();
+            .map(|&j| {
+                let c = if uncertain[j] { &any_chain } else { &chains[j] };
+                c.iter()
+                    .filter(|d| d.flags & WRITE != 0)
+                    .map(|d| d.len as u64)
+                    .sum::<u64>()
+            })
+            .max()
+            .unwrap_or(0);
         if len as u64 > writable {
             return Outcome::Finding(format!(
                 "used length {len} of head {id} exceeds its {writable} writable bytes"

@@ -339,14 +339,17 @@ pub fn walk(mem: &Guarded, s: &Snapshot, table: u64, size: u16, head: u16) -> Ve
 /// Whether `[addr, addr + len)` lies inside a device-writable descriptor of
 /// `descs` (without wrapping past 2^64).
 pub fn in_writable(descs: &[RawDesc], addr: u64, len: u64) -> bool {
+    // Inclusive last bytes: a buffer may end exactly at 2^64.
+    let Some(last) = addr.checked_add(len.max(1) - 1) else {
+        return false;
+    };
     descs.iter().any(|d| {
         d.flags & WRITE != 0
+            && d.len > 0
             && addr >= d.addr
-            && addr.checked_add(len).is_some_and(|end| {
-                d.addr
-                    .checked_add(d.len as u64)
-                    .is_some_and(|dend| end <= dend)
-            })
+            // A descriptor that wraps past 2^64 (refused as a whole by
+            // nothing yet, see PARSER_DATA_WRAP) covers up to 2^64 - 1.
+            && last <= d.addr.saturating_add(d.len as u64 - 1)
     })
 }
 
