@@ -120,7 +120,7 @@ where
     };
     let seed = env_u64("VQBLK_FUZZ_SEED").unwrap_or(match budget {
         // CI: the same cases every run.
-        Budget::Cases(_) => 0x5eed_0f_b10c,
+        Budget::Cases(_) => 0x005e_ed0f_b10c,
         Budget::Time(_) => fastrand::u64(..),
     });
     let mut rng = fastrand::Rng::with_seed(seed);
