@@ -20,8 +20,10 @@
 //!   avail entries between next_avail before and after), with a used length
 //!   no larger than the chain's device-writable bytes.
 //!
-//! Two known defects of issue 11 are excluded by named filters (`KNOWN_11_1`,
-//! `KNOWN_11_4`, see [`known_filters`]) until the engine fixes them.
+//! A ring in an impossible state (issue 11.1: an avail idx more than the
+//! queue size ahead, a ring the crate finds not ready; issue 11.4: a head
+//! index >= queue size) is stopped by the engine as a broken ring: the pass
+//! ends, and a head >= size is the last chain popped and gets no used entry.
 
 mod fuzz;
 
@@ -139,89 +141,12 @@ struct Ring {
     next_used: u16,
 }
 
-/// The known defects of issue 11 this harness steps around, by name. The
-/// lead removes each filter once the engine fixes its defect.
-///
-/// - `KNOWN_11_1`: an avail idx more than the queue size ahead of
-///   next_avail (or an avail ring at guest address 0, "not ready" for the
-///   virtio-queue crate) makes `pop_descriptor_chain` fail while the re-arm
-///   check still sees work: the IOThread spins forever. The filter brings
-///   next_avail within `size` of avail idx and moves a ring off address 0.
-///   And a ring the device itself rewrites the avail idx of spins the same
-///   way (the used ring's flags or avail_event, or a writable buffer of a
-///   request in the window, over the avail idx): such cases are skipped
-///   ([`avail_idx_written`]). A spin that still happens at run time is
-///   recognised by [`rescue`] and counted as KNOWN_11_1.
-/// - `KNOWN_11_4`: a head index >= queue size is popped, refused, and never
-///   gets a used entry. The filter rewrites such avail entries modulo size.
-///
-/// Returns the names of the filters that changed the case.
-fn known_filters(g: &Guarded, r: &mut Ring) -> Vec<&'static str> {
-    let mut hit = Vec::new();
-    // KNOWN_11_1
-    let avail_idx = read_u16(g, r.avail + 2).unwrap_or(0);
-    if avail_idx.wrapping_sub(r.next_avail) > r.size {
-        r.next_avail = avail_idx.wrapping_sub(avail_idx.wrapping_sub(r.next_avail) % (r.size + 1));
-        hit.push("KNOWN_11_1");
-    }
-    if r.avail == 0 {
-        hit.push("KNOWN_11_1");
-    }
-    // KNOWN_11_4
-    let mut i = r.next_avail;
-    while i != avail_idx {
-        let slot = r.avail + 4 + 2 * (i % r.size) as u64;
-        if let Some(h) = read_u16(g, slot) {
-            if h >= r.size {
-                g.put(slot, &(h % r.size).to_le_bytes());
-                if !hit.contains(&"KNOWN_11_4") {
-                    hit.push("KNOWN_11_4");
-                }
-            }
-        }
-        i = i.wrapping_add(1);
-    }
-    hit
-}
-
-/// KNOWN_11_1 (see [`known_filters`]): whether the device may write the
-/// avail idx during the pass (used ring over it, or a writable buffer of a
-/// chain in the window, as memory is before the pass).
-fn avail_idx_written(g: &Guarded, r: &Ring, pre: &Snapshot) -> bool {
-    let idx = r.avail + 2;
-    let used_end = r.used + 6 + 8 * r.size as u64;
-    if idx + 2 > r.used && idx < used_end {
-        return true;
-    }
-    let avail_idx = read_u16(g, idx).unwrap_or(0);
-    let mut i = r.next_avail;
-    while i != avail_idx {
-        let slot = r.avail + 4 + 2 * (i % r.size) as u64;
-        if let Some(h) = g.read(pre, slot, 2).map(le_u16) {
-            let chain = walk(g, pre, r.desc, r.size, h);
-            if in_writable(&chain, idx, 1) || in_writable(&chain, idx + 1, 1) {
-                return true;
-            }
-        }
-        i = i.wrapping_add(1);
-    }
-    false
-}
-
-fn read_u16(g: &Guarded, addr: u64) -> Option<u16> {
-    use vm_memory::Bytes;
-    g.mem.read_obj::<u16>(GuestAddress(addr)).ok()
-}
-
 /// The daemon side: one IOThread, replaced if a case freezes or kills it.
 struct Engine {
     iot: IoThreadHandle,
     kick: EventFd,
     layouts: Vec<Guarded>,
     threads: usize,
-    /// Apply the KNOWN_* filters (off with `VQBLK_FUZZ_NO_KNOWN`, and in the
-    /// regression tests of the known defects).
-    filters: bool,
 }
 
 impl Engine {
@@ -231,7 +156,6 @@ impl Engine {
             kick: EventFd::new(EFD_NONBLOCK).unwrap(),
             layouts: LAYOUTS.iter().map(|l| Guarded::new(l)).collect(),
             threads: 1,
-            filters: !fuzz::no_known(),
         }
     }
 
@@ -305,11 +229,6 @@ fn run_case(e: &mut Engine, c: &QueueCase) -> Outcome {
         g.put(r.avail + 4 + 2 * (*slot as u64 % s), &h.to_le_bytes());
     }
     g.put(r.used + 2, &c.used_idx.to_le_bytes());
-    let known = if e.filters {
-        known_filters(&g, &mut r)
-    } else {
-        Vec::new()
-    };
 
     // The ring as the control plane starts it (vhost_user::Connection::maybe_start).
     let mut q = Queue::new(256).unwrap();
@@ -332,10 +251,6 @@ fn run_case(e: &mut Engine, c: &QueueCase) -> Outcome {
     }
 
     let pre = g.snapshot();
-    if e.filters && avail_idx_written(&g, &r, &pre) {
-        fuzz::note("KNOWN_11_1:skipped");
-        return Outcome::Known("KNOWN_11_1");
-    }
     let key = QueueKey {
         export: 0,
         queue: 0,
@@ -386,21 +301,11 @@ fn run_case(e: &mut Engine, c: &QueueCase) -> Outcome {
                     ""
                 }
             );
-            // KNOWN_11_1 at run time: a request's data rewrote the avail
-            // idx during the pass; the spin stopped once it was put back.
-            if rescued && e.filters {
-                fuzz::note("KNOWN_11_1:runtime");
-                return Outcome::Known("KNOWN_11_1");
-            }
             return Outcome::Finding(what);
         }
     };
     let post = g.snapshot();
-    let out = check(&g, &r, &pre, &post, next_after, e.filters);
-    match (&out, known.first()) {
-        (Outcome::Pass, Some(k)) => Outcome::Known(k),
-        _ => out,
-    }
+    check(&g, &r, &pre, &post, next_after)
 }
 
 /// A pass that does not end: if it is issue 11.1's spin (pop fails, the
@@ -427,7 +332,6 @@ fn check(
     pre: &Snapshot,
     post: &Snapshot,
     next_after: u16,
-    filters: bool,
 ) -> Outcome {
     let size = r.size;
     let popped = next_after.wrapping_sub(r.next_avail);
@@ -505,9 +409,15 @@ fn check(
             .iter()
             .zip(&uncertain)
             .any(|(&(a, b), &u)| a >= size || b >= size || u);
-        if added < popped && filters && beyond {
-            fuzz::note("KNOWN_11_4:runtime");
-            return Outcome::Known("KNOWN_11_4");
+        // Issue 11.4's fix: a head >= size stops the ring (broken ring): it
+        // is the last chain popped, and the only one without a used entry.
+        let last_beyond = heads
+            .last()
+            .zip(uncertain.last())
+            .is_some_and(|(&(a, b), &u)| a >= size || b >= size || u);
+        if added + 1 == popped && last_beyond {
+            fuzz::note("broken-ring:head-beyond");
+            return Outcome::Pass;
         }
         return Outcome::Finding(format!(
             "{popped} chains popped, {added} used entries added (next_avail {} -> {next_after}, \
@@ -688,10 +598,8 @@ fn regression_two_flushes_complete() {
 
 /// Issue 11.1: SET_VRING_BASE 1000 on a 16-entry ring whose avail idx is 0.
 #[test]
-#[ignore = "known defect 11.1 (the IOThread spins forever): remove the ignore with KNOWN_11_1"]
 fn regression_11_1_next_avail_far_beyond_avail_idx() {
     let mut e = Engine::new();
-    e.filters = false;
     let mut c = quiet_ring();
     c.raw_next = Some(1000);
     fuzz::check_case(&c, run_case(&mut e, &c));
@@ -699,10 +607,8 @@ fn regression_11_1_next_avail_far_beyond_avail_idx() {
 
 /// Issue 11.4: an avail entry naming head 40 on a 16-entry ring.
 #[test]
-#[ignore = "known defect 11.4 (no used entry for a head >= size): remove the ignore with KNOWN_11_4"]
 fn regression_11_4_head_beyond_queue_size() {
     let mut e = Engine::new();
-    e.filters = false;
     let mut c = quiet_ring();
     c.avail_idx = 2;
     c.behind = 2;

@@ -12,7 +12,9 @@
 //!   still serves a frontend connected before the run, and a fresh
 //!   connection on `a` does I/O correctly.
 //!
-//! Known defect stepped around by name: `KNOWN_11_1` (see [`known_11_1`]).
+//! No known defect is stepped around (issue 11.1's frozen IOThread, which a
+//! far SET_VRING_BASE or a used ring over the avail idx caused, is fixed:
+//! such a ring is stopped as broken).
 
 mod common;
 #[path = "common/frontend.rs"]
@@ -268,32 +270,6 @@ fn prelude(level: u8, qsize: u8) -> Vec<(Vec<u8>, Vec<std::fs::File>)> {
     out
 }
 
-const SET_VRING_BASE: u32 = 10;
-const SET_VRING_ADDR: u32 = 9;
-
-/// KNOWN_11_1 (issue 11.1): a ring started with next_avail more than its
-/// size away from the avail idx (our memfds are zero-filled: avail idx 0),
-/// or whose used ring overlaps its avail idx (the device's own flag writes
-/// move the avail idx), makes its IOThread spin forever, and every later
-/// case with it. The filter sets SET_VRING_BASE's number to 0 and moves a
-/// used ring that would overlap the avail idx 4 KiB away. Returns whether it
-/// changed the message.
-fn known_11_1(code: u32, payload: &mut [u8]) -> bool {
-    if code == SET_VRING_BASE && payload.len() >= 8 && payload[4..8] != [0; 4] {
-        payload[4..8].fill(0);
-        return true;
-    }
-    if code == SET_VRING_ADDR && payload.len() >= 40 {
-        let used = u64::from_le_bytes(payload[16..24].try_into().unwrap());
-        let avail = u64::from_le_bytes(payload[24..32].try_into().unwrap());
-        // The largest used ring (256 entries) is 6 + 8 * 256 bytes.
-        if avail.wrapping_add(4) > used && avail.wrapping_add(2) < used.wrapping_add(6 + 8 * 256) {
-            payload[16..24].copy_from_slice(&avail.wrapping_add(0x1000).to_le_bytes());
-            return true;
-        }
-    }
-    false
-}
 
 fn memfd(pages: u8, sealable: bool) -> std::fs::File {
     let flags = if sealable { libc::MFD_ALLOW_SEALING } else { 0 };
@@ -351,7 +327,6 @@ impl Rig {
         };
         sock.set_write_timeout(Some(Duration::from_secs(1)))
             .unwrap();
-        let mut known = false;
         for (bytes, files) in prelude(c.prelude % 4, c.qsize) {
             let fds: Vec<RawFd> = files.iter().map(|f| f.as_raw_fd()).collect();
             if sock.send_with_fds(&[&bytes[..]], &fds).is_err() {
@@ -367,7 +342,6 @@ impl Rig {
             let flags = m.raw_flags.unwrap_or(if m.need_reply { 0x9 } else { 0x1 });
             let mut payload = m.payload.bytes();
             payload.truncate(4096);
-            known |= known_11_1(code, &mut payload);
             let size = m.size_lie.map_or(payload.len() as u32, |s| s as u32 % 4200);
             let mut bytes = frontend::header(code, flags, size);
             bytes.extend_from_slice(&payload);
@@ -413,11 +387,7 @@ impl Rig {
                 ));
             }
         }
-        if known {
-            Outcome::Known("KNOWN_11_1")
-        } else {
-            Outcome::Pass
-        }
+        Outcome::Pass
     }
 
     /// The end-of-run checks: the victim export and a fresh connection.
