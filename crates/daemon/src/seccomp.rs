@@ -5,7 +5,7 @@
 //!
 //! | kind | thread | may, beyond the common set |
 //! |---|---|---|
-//! | [`ThreadKind::Control`] | `vqblk-ctl<E>`: one export's vhost-user messages | accept, send and receive on unix sockets (with fds), map and check guest memory (`fstat`, `fcntl` for memfd seals), eventfds |
+//! | [`ThreadKind::Control`] | `vqblk-ctl<E>`: one export's vhost-user messages | accept, send and receive on unix sockets (with fds), map and check guest memory (`fstat`, `fcntl` for memfd seals), eventfds, create the inflight region (`memfd_create`, `ftruncate`) |
 //! | [`ThreadKind::IoThread`] | `vqblk-iot<N>` | epoll, io_uring, eventfds and timerfds, synchronous file I/O fallbacks |
 //! | [`ThreadKind::Worker`] | `vqblk-iot<N>-w<K>` (backend `threads`) | positional vectored I/O, `fallocate`, `fdatasync` |
 //!
@@ -113,6 +113,9 @@ const CONTROL: &[libc::c_long] = &[
     libc::SYS_lseek,
     libc::SYS_eventfd2,
     libc::SYS_shutdown,
+    // GET_INFLIGHT_FD: the inflight region is a memfd sized with ftruncate.
+    libc::SYS_memfd_create,
+    libc::SYS_ftruncate,
 ];
 
 /// An IOThread: its event loop, io_uring, eventfds and timers.
