@@ -38,6 +38,10 @@ struct Daemon {
 
 impl Daemon {
     fn start(dir: &Path, sock: &Path, run: u32) -> Daemon {
+        Daemon::start_with(dir, sock, run, &[])
+    }
+
+    fn start_with(dir: &Path, sock: &Path, run: u32, extra: &[&str]) -> Daemon {
         let log = dir.join(format!("daemon-{run}.log"));
         let child = Command::new(env!("CARGO_BIN_EXE_vqblk"))
             .args([
@@ -54,6 +58,7 @@ impl Daemon {
             .arg(LATENCY_NS.to_string())
             .arg("--socket")
             .arg(sock)
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(File::create(&log).unwrap())
             .spawn()
@@ -320,5 +325,55 @@ fn a_region_that_does_not_fit_is_refused_not_mapped() {
         [0],
         "{}",
         d.log()
+    );
+}
+
+/// The upgrade procedure of docs/qemu.md: the new daemon starts with
+/// `--takeover` while the old one serves, waits, and binds once the old one,
+/// sent SIGTERM, has drained its requests and removed the socket; the frontend
+/// reconnects and carries on with the same inflight region.
+#[test]
+fn takeover_replaces_a_running_daemon() {
+    let dir = common::scratch("inflight-takeover");
+    let sock = dir.join("null.sock");
+    let mut old = Daemon::start(&dir, &sock, 1);
+    let mut f = Frontend::connect_when_listening(&sock);
+    let mut kept = None;
+    assert!(setup(&mut f, &mut kept, 0));
+    lay_out(&f, 0, T_OUT, 0);
+    f.push(head(0));
+    let mut new = Daemon::start_with(&dir, &sock, 2, &["--takeover"]);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(new.child.try_wait().unwrap().is_none(), "{}", new.log());
+    assert!(new.log().contains("takeover: waiting"), "{}", new.log());
+    // The old daemon drains (the write completes after its 1 s) and exits.
+    let t = Instant::now();
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(old.child.id() as i32, libc::SIGTERM) };
+    let st = old.child.wait().unwrap();
+    assert!(st.success(), "old daemon: {st}");
+    assert_eq!(
+        f.wait_used(1).map(|u| u[0].0),
+        Some(0),
+        "drained by the old daemon"
+    );
+    assert_eq!(f.mem.read(status(0), 1)[0], S_OK);
+    let used = f.mem.read_u16(USED + 2);
+    assert!(
+        f.reconnect(&sock, Duration::from_secs(10)),
+        "new daemon never listened"
+    );
+    assert!(setup(&mut f, &mut kept, used));
+    lay_out(&f, 1, T_GET_ID, 0);
+    f.push(head(1));
+    assert_eq!(
+        used_within(&mut f, Duration::from_millis(300)),
+        [head(1) as u32]
+    );
+    eprintln!("takeover: old stopped and new serving in {:?}", t.elapsed());
+    assert!(
+        !new.log().contains("requests to execute again"),
+        "{}",
+        new.log()
     );
 }

@@ -75,6 +75,8 @@ pub struct ServeCommand {
     pub log_level: Option<log::LevelFilter>,
     /// `--stats-file FILE`: statistics JSON written on exit and on SIGUSR1.
     pub stats_file: Option<PathBuf>,
+    /// `--takeover`: wait for a running daemon to release the sockets.
+    pub takeover: bool,
 }
 
 /// The name clap gives a `ValueEnum` value on the command line.
@@ -164,6 +166,9 @@ impl ServeCommand {
         }
         if self.read_only {
             v.push("--read-only".into());
+        }
+        if self.takeover {
+            v.push("--takeover".into());
         }
         v
     }

@@ -51,6 +51,7 @@ fn back(a: ServeArgs) -> ServeCommand {
         socket_mode,
         log_level,
         stats_file,
+        takeover,
     } = a;
     let bytes = |s: Option<String>| s.map(|s| crate::size::parse_size(&s).unwrap());
     ServeCommand {
@@ -87,6 +88,7 @@ fn back(a: ServeArgs) -> ServeCommand {
         socket_mode: socket_mode.map(|m| u32::from_str_radix(&m, 8).unwrap()),
         log_level: Some(log_level.parse().unwrap()),
         stats_file,
+        takeover,
     }
 }
 
@@ -139,6 +141,7 @@ fn full() -> ServeCommand {
         socket_mode: Some(0o660),
         log_level: Some(log::LevelFilter::Debug),
         stats_file: Some("/tmp/stats.json".into()),
+        takeover: true,
     }
 }
 
