@@ -51,7 +51,7 @@ impl<'a, M: GuestMemory + ?Sized> HeadChain<'a, M> {
     /// Follows an indirect descriptor: the rest of the chain is its table.
     fn enter_indirect(&mut self, desc: &Descriptor) -> Option<()> {
         // No indirect descriptor inside an indirect table (2.7.5.3.1).
-        if self.indirect || desc.len() % DESC_SIZE != 0 {
+        if self.indirect || !desc.len().is_multiple_of(DESC_SIZE) {
             return None;
         }
         let entries = u16::try_from(desc.len() / DESC_SIZE).ok()?;
