@@ -78,6 +78,8 @@ P_DEV=vda
 P_TIMEOUT=240
 P_DEBUG=0
 P_REBOOT=0
+P_SECONDS=30
+P_BLOCKS=64
 
 # shellcheck disable=SC2013  # word splitting of the cmdline is what we want
 for arg in $(cat /proc/cmdline); do
@@ -98,6 +100,8 @@ for arg in $(cat /proc/cmdline); do
         vqblk.timeout=*)            P_TIMEOUT=${arg#*=} ;;
         vqblk.debug=*)              P_DEBUG=${arg#*=} ;;
         vqblk.reboot=*)             P_REBOOT=${arg#*=} ;;
+        vqblk.seconds=*)            P_SECONDS=${arg#*=} ;;
+        vqblk.blocks=*)             P_BLOCKS=${arg#*=} ;;
     esac
 done
 [ "$P_DEBUG" = 1 ] && set -x
@@ -324,7 +328,69 @@ if [ "$BOOT" = 2 ]; then
     finish
 fi
 
+# centiseconds since boot
+cs() { read -r up _ < /proc/uptime; echo "${up%.*}${up#*.}"; }
+
+# gen_seq_block WRITER SEQ BLOCK FILE - the 4 KiB content of write SEQ of WRITER
+# to its block BLOCK: 8 sectors, each "VQBLK-SEQ w=W s=S b=B off=BYTE|" padded with
+# a letter chosen by SEQ and the sector, then a newline (tests/guest_e2e.rs
+# seq_block computes the same bytes).
+gen_seq_block() {
+    awk -v w="$1" -v s="$2" -v b="$3" -v base=$(( ($1 * P_BLOCKS + $3) * 4096 )) '
+    BEGIN {
+        letters = "abcdefghijklmnopqrstuvwxyz"
+        for (k = 0; k < 8; k++) {
+            h = "VQBLK-SEQ w=" w " s=" s " b=" b " off=" (base + 512 * k) "|"
+            ch = substr(letters, (s + k) % 26 + 1, 1)
+            line = h
+            while (length(line) < 511) line = line ch
+            printf "%s\n", substr(line, 1, 511)
+        }
+    }' > "$4"
+}
+
 case "$P_MODE" in
+seqwrite)
+    # Sequence-numbered 4 KiB writes for P_SECONDS, one writer per CPU, each on its
+    # own P_BLOCKS blocks (block = seq mod P_BLOCKS), while the host kills and
+    # restarts the daemon; reports per writer how many writes completed and the
+    # longest gap between two completions.
+    [ "$RO" = 0 ] || fail "mode seqwrite but $SYS/ro is $RO"
+    log "seqwrite: $P_WRITERS writers x $P_BLOCKS blocks for ${P_SECONDS}s, $DIRECT_OUT"
+    w=0
+    while [ "$w" -lt "$P_WRITERS" ]; do
+        (
+            s=0; maxgap=0; last=$(cs); end=$(( last + P_SECONDS * 100 ))
+            rc=0
+            while [ "$last" -lt "$end" ]; do
+                b=$(( s % P_BLOCKS ))
+                gen_seq_block "$w" "$s" "$b" /tmp/blk.$w
+                # shellcheck disable=SC2086
+                if ! dd if=/tmp/blk.$w of="$DEV" bs=4096 count=1 seek=$(( w * P_BLOCKS + b )) $DIRECT_OUT 2>/tmp/dd.$w; then
+                    rc=1; break
+                fi
+                now=$(cs)
+                [ $(( now - last )) -gt "$maxgap" ] && maxgap=$(( now - last ))
+                last=$now
+                s=$(( s + 1 ))
+            done
+            echo "$rc $s $maxgap" > /tmp/rc.$w.tmp && mv /tmp/rc.$w.tmp /tmp/rc.$w
+        ) &
+        w=$((w + 1))
+    done
+    w=0
+    SJSON=
+    while [ "$w" -lt "$P_WRITERS" ]; do
+        while [ ! -f /tmp/rc.$w ]; do sleep 0.2; done
+        read -r rc n gap < /tmp/rc.$w
+        [ "$rc" = 0 ] || fail "writer $w: write $n failed: $(tr '\n' ' ' < /tmp/dd.$w)"
+        SJSON="$SJSON${SJSON:+,}{\"writer\":$w,\"writes\":$n,\"max_gap_cs\":$gap}"
+        w=$((w + 1))
+    done
+    fact_raw seq "[$SJSON]"
+    fact_num blocks "$P_BLOCKS"
+    log "seqwrite: finished at $(uptime_s)s"
+    ;;
 rw)
     [ "$RO" = 0 ] || fail "mode rw but $SYS/ro is $RO"
     if [ $(( NEED / 512 )) -gt "$SIZE" ]; then

@@ -247,13 +247,8 @@ fn check_ok(
     limits: &Limits,
 ) -> Outcome {
     let bad = |s: String| Outcome::Finding(format!("{s}: {req:?}"));
-    // PARSER_DATA_WRAP (found by this harness, reported to the lead): the
-    // parser accepts a data segment whose end wraps past 2^64 (the status
-    // descriptor is checked for that since issue 11.3, data descriptors
-    // are not). Harmless today, as the executor refuses any segment not in
-    // guest memory (IOERR), but the parser's Ok promises a well-formed
-    // request. Remove this filter once `parse` refuses such segments (the
-    // ignored regression test below then passes).
+    // PARSER_DATA_WRAP (found by this harness): a data segment whose end
+    // wraps past 2^64 must be refused by the parser.
     let data: &[Segment] = match &req.op {
         Operation::Read { data, .. }
         | Operation::Write { data, .. }
@@ -264,7 +259,7 @@ fn check_ok(
         .iter()
         .any(|s| s.addr.0.checked_add(s.len as u64).is_none())
     {
-        return Outcome::Known("PARSER_DATA_WRAP");
+        return bad("a data segment wraps past 2^64".into());
     }
     if Some(req.status.0) != want_status {
         return bad(format!(
@@ -458,10 +453,9 @@ fn regression_status_descriptor_wrapping_2_64() {
     fuzz::check_case(&c, run_case(&c));
 }
 
-/// A read whose data descriptor runs off the end of the address space:
-/// accepted by the parser today (PARSER_DATA_WRAP above).
+/// A read whose data descriptor runs off the end of the address space
+/// (PARSER_DATA_WRAP above): refused since the fix.
 #[test]
-#[ignore = "finding PARSER_DATA_WRAP: parse accepts a data segment wrapping past 2^64 (reported to the lead)"]
 fn regression_data_descriptor_wrapping_2_64() {
     let c = base_case(
         vec![

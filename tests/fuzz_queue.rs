@@ -141,6 +141,11 @@ struct Ring {
     next_used: u16,
 }
 
+fn read_u16(g: &Guarded, addr: u64) -> Option<u16> {
+    use vm_memory::Bytes;
+    g.mem.read_obj::<u16>(GuestAddress(addr)).ok()
+}
+
 /// The daemon side: one IOThread, replaced if a case freezes or kills it.
 struct Engine {
     iot: IoThreadHandle,
@@ -276,6 +281,7 @@ fn run_case(e: &mut Engine, c: &QueueCase) -> Outcome {
         call: Some(dup_file(&e.kick)),
         mem: GuestMemoryAtomic::new(g.mem.clone()),
         device,
+        inflight: None,
     })));
     let (tx, rx) = sync_channel(1);
     e.iot.send(Command::Detach { key, reply: tx });
@@ -326,13 +332,7 @@ fn rescue(g: &Guarded, r: &Ring, used_before: u16, rx: &std::sync::mpsc::Receive
 }
 
 /// The invariants on memory and the used ring after a pass.
-fn check(
-    g: &Guarded,
-    r: &Ring,
-    pre: &Snapshot,
-    post: &Snapshot,
-    next_after: u16,
-) -> Outcome {
+fn check(g: &Guarded, r: &Ring, pre: &Snapshot, post: &Snapshot, next_after: u16) -> Outcome {
     let size = r.size;
     let popped = next_after.wrapping_sub(r.next_avail);
     let used_after = g

@@ -270,7 +270,6 @@ fn prelude(level: u8, qsize: u8) -> Vec<(Vec<u8>, Vec<std::fs::File>)> {
     out
 }
 
-
 fn memfd(pages: u8, sealable: bool) -> std::fs::File {
     let flags = if sealable { libc::MFD_ALLOW_SEALING } else { 0 };
     // SAFETY: a NUL-terminated name and valid flags.

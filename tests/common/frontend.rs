@@ -41,6 +41,8 @@ pub mod req {
     pub const GET_QUEUE_NUM: u32 = 17;
     pub const SET_VRING_ENABLE: u32 = 18;
     pub const GET_CONFIG: u32 = 24;
+    pub const GET_INFLIGHT_FD: u32 = 31;
+    pub const SET_INFLIGHT_FD: u32 = 32;
     pub const GET_MAX_MEM_SLOTS: u32 = 36;
     pub const ADD_MEM_REG: u32 = 37;
     pub const REM_MEM_REG: u32 = 38;
@@ -57,6 +59,8 @@ const PF_MQ: u64 = 1 << 0;
 const PF_REPLY_ACK: u64 = 1 << 3;
 const PF_CONFIG: u64 = 1 << 9;
 const PF_MEM_SLOTS: u64 = 1 << 15;
+/// VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD.
+pub const PF_INFLIGHT_SHMFD: u64 = 1 << 12;
 
 /// Descriptor flags (virtio 1.2, 2.7.5).
 pub const DESC_NEXT: u16 = 1;
@@ -228,6 +232,28 @@ pub fn vring_addr(index: u32, desc: u64, used: u64, avail: u64) -> Vec<u8> {
     p
 }
 
+/// The payload of GET_INFLIGHT_FD / SET_INFLIGHT_FD (vhost-user spec,
+/// "Inflight description").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InflightDesc {
+    pub mmap_size: u64,
+    pub mmap_offset: u64,
+    pub num_queues: u16,
+    pub queue_size: u16,
+}
+
+impl InflightDesc {
+    /// 24 bytes: two u64, two u16, padding to 8.
+    pub fn bytes(&self) -> Vec<u8> {
+        let mut p = self.mmap_size.to_le_bytes().to_vec();
+        p.extend_from_slice(&self.mmap_offset.to_le_bytes());
+        p.extend_from_slice(&self.num_queues.to_le_bytes());
+        p.extend_from_slice(&self.queue_size.to_le_bytes());
+        p.extend_from_slice(&[0u8; 4]);
+        p
+    }
+}
+
 /// One region of SET_MEM_TABLE / ADD_MEM_REG.
 #[derive(Clone, Copy, Debug)]
 pub struct Region {
@@ -285,6 +311,19 @@ impl Frontend {
             used_seen: 0,
             features: 0,
         }
+    }
+
+    /// [`Frontend::connect`] once a daemon listens on `path` (bounded wait).
+    pub fn connect_when_listening(path: &Path) -> Frontend {
+        let t = Instant::now();
+        while UnixStream::connect(path).is_err() {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "daemon never listened"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Frontend::connect(path)
     }
 
     /// Sends one message, asking for a REPLY_ACK, with `fds` attached.
@@ -361,6 +400,12 @@ impl Frontend {
 
     /// Feature negotiation (with REPLY_ACK, so every later message is answered).
     pub fn negotiate(&mut self) {
+        self.negotiate_with(0);
+    }
+
+    /// [`Frontend::negotiate`], also acking the protocol features of `extra`
+    /// the daemon offers; returns the protocol features acked.
+    pub fn negotiate_with(&mut self, extra: u64) -> u64 {
         let offered = self.get_u64(req::GET_FEATURES);
         assert!(offered & F_PROTOCOL_FEATURES != 0);
         self.features = offered & !F_EVENT_IDX;
@@ -368,12 +413,69 @@ impl Frontend {
         self.send_flags(req::SET_FEATURES, VERSION, &u64_payload(self.features), &[])
             .unwrap();
         let pf = self.get_u64(req::GET_PROTOCOL_FEATURES);
-        let want = pf & (PF_MQ | PF_REPLY_ACK | PF_CONFIG | PF_MEM_SLOTS);
+        let want = pf & (PF_MQ | PF_REPLY_ACK | PF_CONFIG | PF_MEM_SLOTS | extra);
         assert!(want & PF_REPLY_ACK != 0);
         self.send_flags(req::SET_PROTOCOL_FEATURES, VERSION, &u64_payload(want), &[])
             .unwrap();
         // From here on every message asks for an ack.
         assert!(self.call_ack(req::SET_OWNER, &[], &[]).ok(), "SET_OWNER");
+        want
+    }
+
+    /// GET_INFLIGHT_FD for `num_queues` queues of `queue_size`: the reply's
+    /// description (mmap_size, mmap_offset, num_queues, queue_size) and file,
+    /// or None if the daemon closed the connection or sent no file.
+    pub fn get_inflight_fd(
+        &mut self,
+        num_queues: u16,
+        queue_size: u16,
+    ) -> Option<(InflightDesc, File)> {
+        let ask = InflightDesc {
+            mmap_size: 0,
+            mmap_offset: 0,
+            num_queues,
+            queue_size,
+        };
+        self.send_flags(req::GET_INFLIGHT_FD, VERSION, &ask.bytes(), &[])
+            .ok()?;
+        let mut buf = [0u8; 12 + 24];
+        let (n, file) = self.sock.recv_with_fd(&mut buf).ok()?;
+        if n != buf.len() {
+            return None;
+        }
+        let u64_at = |o: usize| u64::from_le_bytes(buf[o..o + 8].try_into().unwrap());
+        let u16_at = |o: usize| u16::from_le_bytes(buf[o..o + 2].try_into().unwrap());
+        let desc = InflightDesc {
+            mmap_size: u64_at(12),
+            mmap_offset: u64_at(20),
+            num_queues: u16_at(28),
+            queue_size: u16_at(30),
+        };
+        Some((desc, file?))
+    }
+
+    /// SET_INFLIGHT_FD with `desc` and `file`.
+    pub fn set_inflight_fd(&mut self, desc: &InflightDesc, file: &File) -> Reply {
+        self.call_ack(req::SET_INFLIGHT_FD, &desc.bytes(), &[file.as_raw_fd()])
+    }
+
+    /// A new connection to `path` for the same guest (memory, eventfds, ring
+    /// state), as QEMU reconnects to a restarted backend; retries while
+    /// nothing listens, for at most `wait`.
+    pub fn reconnect(&mut self, path: &Path, wait: Duration) -> bool {
+        let t = Instant::now();
+        loop {
+            if let Ok(sock) = UnixStream::connect(path) {
+                sock.set_read_timeout(Some(TIMEOUT)).unwrap();
+                sock.set_write_timeout(Some(TIMEOUT)).unwrap();
+                self.sock = sock;
+                return true;
+            }
+            if t.elapsed() > wait {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     /// The region describing the whole of this frontend's memory.
@@ -395,9 +497,14 @@ impl Frontend {
 
     /// Sets up vring 0 (size, base, addresses, call, kick, enable).
     pub fn setup_ring(&mut self, index: u32) -> Reply {
+        self.setup_ring_base(index, 0)
+    }
+
+    /// [`Frontend::setup_ring`] with SET_VRING_BASE `base`.
+    pub fn setup_ring_base(&mut self, index: u32, base: u16) -> Reply {
         for (r, p) in [
             (req::SET_VRING_NUM, state(index, self.qsize as u32)),
-            (req::SET_VRING_BASE, state(index, 0)),
+            (req::SET_VRING_BASE, state(index, base as u32)),
             (req::SET_VRING_ADDR, self.ring_addr(index)),
         ] {
             let a = self.call_ack(r, &p, &[]);

@@ -93,6 +93,12 @@ pub struct ServeArgs {
     /// Log level: error, warn, info, debug, trace.
     #[arg(long, default_value = "info")]
     pub log_level: String,
+    /// Replace a running `vqblk serve` on the same sockets (binary upgrade): wait
+    /// until every socket is released (the old daemon, sent SIGTERM, drains its
+    /// requests and removes them; a killed one leaves a dead socket), then bind.
+    /// QEMU's `reconnect-ms` reattaches the guests (docs/qemu.md, "Upgrade").
+    #[arg(long)]
+    pub takeover: bool,
     /// Write the statistics as JSON to this file on exit and on SIGUSR1.
     #[arg(long, value_name = "FILE")]
     pub stats_file: Option<PathBuf>,
@@ -212,6 +218,34 @@ fn qemu_command_line(socket: &Path, queues: u16) -> String {
     )
 }
 
+/// `--takeover`: waits until no process listens on `path` any more: the file is
+/// gone, or it is a socket nobody accepts on (a daemon killed with SIGKILL).
+/// The file is checked every 20 ms; a connection attempt (which a live daemon
+/// would accept and see closed at once) is made only every second.
+fn wait_released(path: &std::path::Path) {
+    let mut told = false;
+    let mut probe = std::time::Instant::now();
+    loop {
+        if std::fs::symlink_metadata(path).is_err() {
+            return;
+        }
+        if probe.elapsed() >= std::time::Duration::from_secs(1) || !told {
+            probe = std::time::Instant::now();
+            if std::os::unix::net::UnixStream::connect(path).is_err() {
+                return;
+            }
+        }
+        if !told {
+            log::info!(
+                "takeover: waiting for the daemon on {} to release it (send it SIGTERM)",
+                path.display()
+            );
+            told = true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// `vqblk serve`: runs until SIGINT/SIGTERM; returns the exit code.
 pub fn run_serve(args: ServeArgs) -> i32 {
     if let Err(e) = init_logging(&args.log_level) {
@@ -243,6 +277,11 @@ pub fn run_serve(args: ServeArgs) -> i32 {
                 return 1;
             }
         };
+    if args.takeover {
+        for e in &cfg.exports {
+            wait_released(&e.socket);
+        }
+    }
     let daemon = match Daemon::start(&cfg) {
         Ok(d) => d,
         Err(e) => {

@@ -5,7 +5,7 @@
 //!
 //! | kind | thread | may, beyond the common set |
 //! |---|---|---|
-//! | [`ThreadKind::Control`] | `vqblk-ctl<E>`: one export's vhost-user messages | accept, send and receive on unix sockets (with fds), map and check guest memory (`fstat`, `fcntl` for memfd seals), eventfds |
+//! | [`ThreadKind::Control`] | `vqblk-ctl<E>`: one export's vhost-user messages | accept, send and receive on unix sockets (with fds), map and check guest memory (`fstat`, `fcntl` for memfd seals), eventfds, create the inflight region (`memfd_create`, `ftruncate`) |
 //! | [`ThreadKind::IoThread`] | `vqblk-iot<N>` | epoll, io_uring, eventfds and timerfds, synchronous file I/O fallbacks |
 //! | [`ThreadKind::Worker`] | `vqblk-iot<N>-w<K>` (backend `threads`) | positional vectored I/O, `fallocate`, `fdatasync` |
 //!
@@ -104,6 +104,7 @@ const COMMON: &[libc::c_long] = &[
 /// `ioctl(FIONREAD)` only, see [`program`]).
 const CONTROL: &[libc::c_long] = &[
     libc::SYS_accept4,
+    libc::SYS_getsockopt,
     libc::SYS_recvmsg,
     libc::SYS_sendmsg,
     libc::SYS_sendto,
@@ -118,6 +119,9 @@ const CONTROL: &[libc::c_long] = &[
     libc::SYS_lseek,
     libc::SYS_eventfd2,
     libc::SYS_shutdown,
+    // GET_INFLIGHT_FD: the inflight region is a memfd sized with ftruncate.
+    libc::SYS_memfd_create,
+    libc::SYS_ftruncate,
 ];
 
 /// An IOThread: its event loop, io_uring, eventfds and timers. Backends are

@@ -79,6 +79,8 @@ pub struct ServeCommand {
     pub seccomp: Option<crate::seccomp::SeccompMode>,
     /// `--bounce-buffer-max BYTES`: bounce-buffer memory per IOThread.
     pub bounce_buffer_max: Option<u64>,
+    /// `--takeover`: wait for a running daemon to release the sockets.
+    pub takeover: bool,
 }
 
 /// The name clap gives a `ValueEnum` value on the command line.
@@ -174,6 +176,9 @@ impl ServeCommand {
         }
         if self.read_only {
             v.push("--read-only".into());
+        }
+        if self.takeover {
+            v.push("--takeover".into());
         }
         v
     }

@@ -559,7 +559,7 @@ impl IoThread {
                 .queues
                 .get(id)
                 .is_some_and(|q| q.inflight == 0 && (q.detach.is_some() || self.stopping));
-            let Some(q) = drained.then(|| self.queues.remove(id)).flatten() else {
+            let Some(mut q) = drained.then(|| self.queues.remove(id)).flatten() else {
                 continue;
             };
             let _ = self.epoll.ctl(
@@ -571,8 +571,12 @@ impl IoThread {
                 "{}: released {} queue {}",
                 self.name, q.device.name, q.key.queue
             );
-            if let Some(reply) = &q.detach {
-                let _ = reply.send(q.next_avail());
+            // The slot (and its inflight record) is gone before the reply: the
+            // transport may attach the queue again as soon as it has it.
+            let (next_avail, reply) = (q.next_avail(), q.detach.take());
+            drop(q);
+            if let Some(reply) = reply {
+                let _ = reply.send(next_avail);
             }
         }
     }

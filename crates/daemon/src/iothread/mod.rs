@@ -38,6 +38,7 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::block::Disk;
+use crate::inflight::InflightQueue;
 use crate::poll::{PollMode, PollParams};
 use crate::seccomp::{self, SeccompMode, ThreadKind};
 use crate::stats::IoThreadStats;
@@ -119,6 +120,19 @@ pub struct QueueAttach {
     pub mem: GuestMemHandle,
     /// The device the queue belongs to.
     pub device: Arc<BlockDevice>,
+    /// The queue's inflight record, when the frontend shares an inflight region
+    /// (vhost-user INFLIGHT_SHMFD); None: no tracking.
+    pub inflight: Option<InflightTracking>,
+}
+
+/// A queue's view of the inflight region, attached (and recovered) by the
+/// transport, and what the daemon that died left to do.
+pub struct InflightTracking {
+    /// The queue's record, written by the owner IOThread only.
+    pub record: InflightQueue,
+    /// Heads to execute again before popping anything new, in their original
+    /// pop order; they stay recorded in flight until completed.
+    pub resubmit: Vec<u16>,
 }
 
 /// Control-plane requests to an IOThread.

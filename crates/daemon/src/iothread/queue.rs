@@ -11,10 +11,11 @@ use std::time::Instant;
 
 use log::{debug, error, warn};
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
-use vm_memory::{Bytes, GuestAddressSpace};
+use vm_memory::{Bytes, GuestAddress, GuestAddressSpace};
 
 use super::executor::{Executor, Finished, SlotId};
 use super::{BlockDevice, GuestMem, GuestMemHandle, QueueAttach, QueueKey};
+use crate::inflight::InflightQueue;
 use crate::stats::{IoThreadStats, QueueCounters};
 use crate::virtio::request::{self, ReqKind};
 use crate::virtio::status;
@@ -60,12 +61,22 @@ pub(super) struct QueueSlot {
     /// Guest notifications (kicks) are enabled: set before sleeping, cleared
     /// while the thread polls.
     notify: bool,
+    /// The queue's inflight record (INFLIGHT_SHMFD negotiated), None otherwise.
+    record: Option<InflightQueue>,
+    /// Heads a dead daemon left in flight, executed before anything new.
+    resubmit: Vec<u16>,
+    /// How many of `resubmit` were executed already.
+    resubmitted: usize,
 }
 
 impl QueueSlot {
     /// Starts serving an attached queue; its counters come from the thread's
     /// statistics.
     pub fn new(a: QueueAttach, counters: Arc<QueueCounters>) -> QueueSlot {
+        let (record, resubmit) = match a.inflight {
+            Some(t) => (Some(t.record), t.resubmit),
+            None => (None, Vec::new()),
+        };
         QueueSlot {
             key: a.key,
             queue: a.queue,
@@ -79,6 +90,9 @@ impl QueueSlot {
             detach: None,
             broken: false,
             notify: true,
+            record,
+            resubmit,
+            resubmitted: 0,
         }
     }
 
@@ -142,7 +156,47 @@ impl QueueSlot {
     /// [`QueueSlot::has_avail`] on the current memory map (no reference
     /// count taken).
     pub fn has_work(&self) -> bool {
-        self.has_avail(&self.mem.memory())
+        self.resubmit_pending() || self.has_avail(&self.mem.memory())
+    }
+
+    /// Whether heads left in flight by a dead daemon wait to be executed again.
+    fn resubmit_pending(&self) -> bool {
+        self.resubmitted < self.resubmit.len()
+    }
+
+    /// Executes again, in their original pop order, the heads a dead daemon had
+    /// popped and not completed (vhost-user "Inflight I/O tracking"), within the
+    /// pass's `budget`. Their record stays as it is (flag and counter): they are
+    /// completed like any other request. A head outside the ring is an
+    /// impossible state (the frontend changed the region or the ring size).
+    fn resubmit(
+        &mut self,
+        id: SlotId,
+        exec: &mut Executor,
+        mem: &Arc<GuestMem>,
+        budget: &mut usize,
+    ) {
+        let size = self.queue.size();
+        let table = GuestAddress(self.queue.desc_table());
+        while *budget > 0 && self.resubmit_pending() {
+            let head = self.resubmit[self.resubmitted];
+            self.resubmitted += 1;
+            *budget -= 1;
+            if head >= size {
+                self.stop_ring(format_args!(
+                    "inflight region: head {head} to resubmit is outside the {size}-entry ring"
+                ));
+                return;
+            }
+            let parsed = request::parse_head(&**mem, table, size, head, &self.device.limits);
+            self.inflight += 1;
+            exec.execute(id, parsed, mem, &self.device);
+        }
+        if !self.resubmit_pending() {
+            // Done with recovery: give the memory back.
+            self.resubmit = Vec::new();
+            self.resubmitted = 0;
+        }
     }
 
     fn break_ring(&mut self, e: virtio_queue::Error) {
@@ -181,6 +235,16 @@ impl QueueSlot {
         }
         let mem = self.memory();
         let mut budget = POP_BUDGET;
+        if self.resubmit_pending() {
+            self.resubmit(id, exec, &mem, &mut budget);
+            if self.resubmit_pending() || self.broken {
+                return if self.broken {
+                    Popped::Drained
+                } else {
+                    Popped::More
+                };
+            }
+        }
         loop {
             if let Err(e) = self.quiet(&mem) {
                 self.break_ring(e);
@@ -208,6 +272,13 @@ impl QueueSlot {
                         "the driver made head {head} available on a {size}-entry ring"
                     ));
                     return Popped::Drained;
+                }
+                // Recorded before it runs (vhost-user "Inflight I/O tracking").
+                if let Some(record) = &mut self.record {
+                    if let Err(e) = record.begin(chain.head_index()) {
+                        self.stop_ring(format_args!("{e}"));
+                        return Popped::Drained;
+                    }
                 }
                 let parsed = request::parse(chain, &self.device.limits);
                 self.inflight += 1;
@@ -279,11 +350,30 @@ impl QueueSlot {
         }
         stats.requests.add(1);
         self.inflight -= 1;
-        if let Err(e) = self.queue.add_used(&*mem, ticket.head, used_len) {
-            error!(
-                "{} queue {}: add_used failed: {e}",
-                self.device.name, self.key.queue
-            );
+        // With an inflight record, the used entry is a batch of one head
+        // (add_used stores the used idx once per entry): staged, published,
+        // then recorded (see the inflight module for why this order is
+        // recoverable at every instruction).
+        if let Some(record) = &mut self.record {
+            if let Err(e) = record.stage_used(ticket.head) {
+                error!("{} queue {}: {e}", self.device.name, self.key.queue);
+            }
+        }
+        match self.queue.add_used(&*mem, ticket.head, used_len) {
+            Ok(()) => {
+                if let Some(record) = &mut self.record {
+                    record.commit_used(self.queue.next_used());
+                }
+            }
+            Err(e) => {
+                if let Some(record) = &mut self.record {
+                    record.discard_staged();
+                }
+                error!(
+                    "{} queue {}: add_used failed: {e}",
+                    self.device.name, self.key.queue
+                );
+            }
         }
         self.dirty = true;
     }

@@ -153,6 +153,7 @@ impl Rig {
             call: Some(File::options().write(true).open("/dev/null").unwrap()),
             mem: GuestMemoryAtomic::new(mem.clone()),
             device: device.clone(),
+            inflight: None,
         };
         let mut queues = Queues::new(stats.clone());
         let id = queues.insert(QueueSlot::new(attach, counters.clone()));

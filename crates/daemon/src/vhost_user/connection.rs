@@ -24,7 +24,10 @@ use super::memory::{
     check_disjoint, check_region, vmm_va_to_gpa, AddrMapping, RegionDesc, Sealing,
 };
 use super::ExportShared;
-use crate::iothread::{Command, GuestMem, GuestMemHandle, IoThreadHandle, QueueAttach, QueueKey};
+use crate::inflight::{InflightLayout, InflightRegion};
+use crate::iothread::{
+    Command, GuestMem, GuestMemHandle, InflightTracking, IoThreadHandle, QueueAttach, QueueKey,
+};
 use crate::virtio::{features, CONFIG_WRITEBACK_OFFSET};
 
 /// Memory slots we accept with CONFIGURE_MEM_SLOTS (QEMU's vhost-user limit is 509 too).
@@ -60,6 +63,9 @@ pub struct Connection {
     acked_protocol_features: u64,
     /// A region that cannot be sealed against shrinking was logged already.
     told_unsealed: bool,
+    /// The inflight region (INFLIGHT_SHMFD): from GET_INFLIGHT_FD or
+    /// SET_INFLIGHT_FD; rings started while it is set are tracked in it.
+    inflight: Option<InflightRegion>,
 }
 
 /// A refusal by this handler: the crate answers it with a failing REPLY_ACK
@@ -81,6 +87,7 @@ impl Connection {
             acked_features: 0,
             acked_protocol_features: 0,
             told_unsealed: false,
+            inflight: None,
         }
     }
 
@@ -190,6 +197,8 @@ impl Connection {
                 "vring {index}: addresses or size invalid for guest memory"
             )));
         }
+        let inflight = self.attach_inflight(index, &mut queue, used_idx.0)?;
+        let v = &mut self.vrings[index as usize];
         let kick = v
             .kick
             .as_ref()
@@ -210,6 +219,7 @@ impl Connection {
             call,
             mem: self.mem.clone(),
             device: self.export.device.clone(),
+            inflight,
         };
         debug!(
             "{}: vring {index} started on IOThread {}",
@@ -218,6 +228,52 @@ impl Connection {
         );
         self.iothread(index).send(Command::Attach(Box::new(attach)));
         Ok(())
+    }
+
+    /// Attaches a starting ring to the inflight region, if there is one, and
+    /// runs the recovery (vhost-user "Inflight I/O tracking"): the ring continues
+    /// from the avail index the region proves was reached, which overrides
+    /// SET_VRING_BASE (after a backend crash the frontend rebuilds that from the
+    /// used index, which out-of-order completions make wrong), and the heads
+    /// left in flight go to the IOThread to be executed again first.
+    fn attach_inflight(
+        &self,
+        index: u16,
+        queue: &mut Queue,
+        used_idx: u16,
+    ) -> VhostResult<Option<InflightTracking>> {
+        let Some(region) = &self.inflight else {
+            return Ok(None);
+        };
+        let name = &self.export.device.name;
+        let layout = region.layout();
+        if index >= layout.num_queues() || queue.size() > layout.queue_size() {
+            return Err(invalid(&format!(
+                "vring {index} of size {} is not covered by the inflight region \
+                 ({} queues of {})",
+                queue.size(),
+                layout.num_queues(),
+                layout.queue_size()
+            )));
+        }
+        let (record, recovery) = region.attach_queue(index, used_idx).map_err(|e| {
+            warn!("{name}: vring {index}: {e}");
+            invalid(&e.to_string())
+        })?;
+        if queue.next_avail() != recovery.next_avail_idx || !recovery.resubmit.is_empty() {
+            info!(
+                "{name}: vring {index}: inflight recovery: {} requests to execute again, \
+                 next avail index {} (the frontend said {})",
+                recovery.resubmit.len(),
+                recovery.next_avail_idx,
+                queue.next_avail()
+            );
+        }
+        queue.set_next_avail(recovery.next_avail_idx);
+        Ok(Some(InflightTracking {
+            record,
+            resubmit: recovery.resubmit,
+        }))
     }
 
     /// Stops the ring if an IOThread owns it, waiting for its requests, and
@@ -242,6 +298,20 @@ impl Connection {
         }
     }
 
+    /// An inflight region may describe at most the export's queues, of at most
+    /// the largest queue size a ring may have.
+    fn check_inflight_shape(&self, num_queues: u16, queue_size: u16) -> VhostResult<()> {
+        let max_queue = self.export.max_queue_size;
+        if usize::from(num_queues) > self.vrings.len() || queue_size > max_queue {
+            return Err(invalid(&format!(
+                "inflight region for {num_queues} queues of {queue_size}: the export has {} \
+                 queues of at most {max_queue}",
+                self.vrings.len()
+            )));
+        }
+        Ok(())
+    }
+
     /// Stops every ring (disconnect, reset).
     pub fn stop_all(&mut self) {
         for i in 0..self.vrings.len() {
@@ -255,6 +325,8 @@ impl Connection {
             *v = Vring::default();
         }
         self.acked_features = 0;
+        // A reset device starts over with a fresh region (QEMU frees its copy).
+        self.inflight = None;
     }
 
     fn publish_memory(&mut self, mem: GuestMem) {
@@ -439,7 +511,8 @@ impl VhostUserBackendReqHandlerMut for Connection {
         Ok(VhostUserProtocolFeatures::MQ
             | VhostUserProtocolFeatures::REPLY_ACK
             | VhostUserProtocolFeatures::CONFIG
-            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS)
+            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
+            | VhostUserProtocolFeatures::INFLIGHT_SHMFD)
     }
 
     fn set_protocol_features(&mut self, features: u64) -> VhostResult<()> {
@@ -521,13 +594,54 @@ impl VhostUserBackendReqHandlerMut for Connection {
 
     fn get_inflight_fd(
         &mut self,
-        _inflight: &VhostUserInflight,
+        inflight: &VhostUserInflight,
     ) -> VhostResult<(VhostUserInflight, File)> {
-        Err(VhostError::InvalidOperation("INFLIGHT_SHMFD not supported"))
+        self.owner()?;
+        self.check_inflight_shape(inflight.num_queues, inflight.queue_size)?;
+        let layout = InflightLayout::new(inflight.num_queues, inflight.queue_size)
+            .map_err(|e| invalid(&e.to_string()))?;
+        let (region, file) = InflightRegion::create(layout).map_err(|e| {
+            warn!("{}: {e}", self.export.device.name);
+            invalid(&e.to_string())
+        })?;
+        debug!(
+            "{}: inflight region of {} bytes for {} queues of {}",
+            self.export.device.name,
+            layout.mmap_size(),
+            layout.num_queues(),
+            layout.queue_size()
+        );
+        self.inflight = Some(region);
+        let reply = VhostUserInflight::new(
+            layout.mmap_size(),
+            0,
+            layout.num_queues(),
+            layout.queue_size(),
+        );
+        Ok((reply, file))
     }
 
-    fn set_inflight_fd(&mut self, _inflight: &VhostUserInflight, _file: File) -> VhostResult<()> {
-        Err(VhostError::InvalidOperation("INFLIGHT_SHMFD not supported"))
+    fn set_inflight_fd(&mut self, inflight: &VhostUserInflight, file: File) -> VhostResult<()> {
+        self.owner()?;
+        if self.vrings.iter().any(|v| v.started) {
+            return Err(invalid("SET_INFLIGHT_FD while rings are running"));
+        }
+        self.check_inflight_shape(inflight.num_queues, inflight.queue_size)?;
+        // Validated before mapping: a short or oversized file is refused, never
+        // mapped (touching past its end would raise SIGBUS).
+        let region = InflightRegion::from_file(
+            &file,
+            inflight.mmap_offset,
+            inflight.mmap_size,
+            inflight.num_queues,
+            inflight.queue_size,
+        )
+        .map_err(|e| {
+            warn!("{}: {e}", self.export.device.name);
+            invalid(&e.to_string())
+        })?;
+        self.inflight = Some(region);
+        Ok(())
     }
 
     fn get_max_mem_slots(&mut self) -> VhostResult<u64> {

@@ -8,9 +8,11 @@
 
 use std::ops::Deref;
 
+use virtio_queue::desc::split::Descriptor;
 use virtio_queue::DescriptorChain;
 use vm_memory::{Bytes, GuestAddress, GuestMemory};
 
+use super::chain::HeadChain;
 use super::{req_type, SECTOR_SIZE};
 
 /// A guest-physical buffer.
@@ -156,6 +158,9 @@ pub enum RequestError {
         /// Capacity in sectors.
         capacity: u64,
     },
+    /// A descriptor whose buffer runs past the end of the address space.
+    #[error("descriptor at {0:#x} wraps past the end of the address space")]
+    AddressWrap(u64),
     /// More segments than `seg_max`.
     #[error("{0} data segments exceed seg_max {1}")]
     TooManySegments(usize, u32),
@@ -251,12 +256,43 @@ where
     M::Target: GuestMemory,
 {
     let head = chain.head_index();
+    parse_descriptors(head, chain.clone(), chain.memory(), limits)
+}
+
+/// Parses the chain of `head` in the descriptor table at `desc_table` of a
+/// queue of `queue_size` entries, without popping it: a request resubmitted
+/// after a restart (see [`HeadChain`]). Same checks and result as [`parse`].
+pub fn parse_head<M: GuestMemory + ?Sized>(
+    mem: &M,
+    desc_table: GuestAddress,
+    queue_size: u16,
+    head: u16,
+    limits: &Limits,
+) -> Result<Request, Rejected> {
+    let chain = HeadChain::new(mem, desc_table, queue_size, head);
+    parse_descriptors(head, chain, mem, limits)
+}
+
+/// Parses the descriptors of the chain of `head`; `mem` is the memory they
+/// point into.
+fn parse_descriptors<M: GuestMemory + ?Sized>(
+    head: u16,
+    descriptors: impl Iterator<Item = Descriptor>,
+    mem: &M,
+    limits: &Limits,
+) -> Result<Request, Rejected> {
     let mut readable = Vec::new();
     let mut writable: Vec<Segment> = Vec::new();
     let mut bad_order = false;
-    for desc in chain.clone() {
+    let mut wraps = None;
+    for desc in descriptors {
         if desc.len() == 0 {
             continue;
+        }
+        // A buffer running past the end of the 64-bit address space is no
+        // buffer: refused here, so a Request's segments are always ranges.
+        if desc.addr().0.checked_add(desc.len() as u64 - 1).is_none() {
+            wraps.get_or_insert(desc.addr().0);
         }
         let seg = Segment {
             addr: desc.addr(),
@@ -271,7 +307,6 @@ where
             readable.push(seg);
         }
     }
-    let mem = chain.memory();
     // The last writable byte; a descriptor whose end wraps past 2^64 has none
     // (its wrapped address would be some unrelated low guest address).
     let status = writable
@@ -288,6 +323,9 @@ where
     };
     if bad_order {
         return Err(reject(RequestError::BadOrder));
+    }
+    if let Some(addr) = wraps {
+        return Err(reject(RequestError::AddressWrap(addr)));
     }
     // The status byte is the last writable byte; the rest is data.
     if let Some(last) = writable.last_mut() {
@@ -466,7 +504,73 @@ mod tests {
     ) -> Result<Request, Rejected> {
         let vq = MockSplitQueue::new(mem, 16);
         let chain = vq.build_desc_chain(descs).unwrap();
-        parse(chain, l)
+        let head = chain.head_index();
+        let popped = parse(chain, l);
+        // A resubmitted head (walked without popping) parses the same.
+        let walked = parse_head(mem, vq.desc_table_addr(), 16, head, l);
+        assert_eq!(popped, walked, "parse_head differs from parse");
+        popped
+    }
+
+    /// Pops the chain at avail position 0 of `vq` and parses it both ways.
+    fn parse_both(
+        m: &GuestMemoryMmap,
+        vq: &MockSplitQueue<GuestMemoryMmap>,
+    ) -> Result<Request, Rejected> {
+        let head = vq.avail().ring().ref_at(0).unwrap().load();
+        let mut q: Queue = vq.create_queue().unwrap();
+        let chain = q.pop_descriptor_chain(m).unwrap();
+        let popped = parse(chain, &limits());
+        let walked = parse_head(m, vq.desc_table_addr(), 16, head, &limits());
+        assert_eq!(popped, walked, "parse_head differs from parse");
+        popped
+    }
+
+    #[test]
+    fn parse_head_walks_like_a_popped_chain() {
+        let m = mem();
+        header(&m, req_type::IN, 4);
+        let raw = |addr, len, flags: u32, next| {
+            RawDescriptor::from(SplitDescriptor::new(addr, len, flags as u16, next))
+        };
+        let next = VRING_DESC_F_NEXT;
+        let cases: [&[RawDescriptor]; 4] = [
+            // A loop: 0 -> 1 -> 0.
+            &[
+                raw(HDR, 16, next, 1),
+                raw(DATA, 512, next | VRING_DESC_F_WRITE, 0),
+            ],
+            // Next index outside the queue.
+            &[
+                raw(HDR, 16, next, 1),
+                raw(STATUS, 1, next | VRING_DESC_F_WRITE, 40),
+            ],
+            // Indirect table whose length is not a multiple of 16.
+            &[raw(0x38_0000, 40, VRING_DESC_F_INDIRECT, 0)],
+            // Indirect descriptor inside an indirect table.
+            &[raw(0x38_0000, 16, VRING_DESC_F_INDIRECT, 0)],
+        ];
+        m.write_obj(
+            raw(0x38_0000, 16, VRING_DESC_F_INDIRECT, 0),
+            GuestAddress(0x38_0000),
+        )
+        .unwrap();
+        for descs in cases {
+            let vq = MockSplitQueue::new(&m, 16);
+            for (i, d) in descs.iter().enumerate() {
+                vq.desc_table().store(i as u16, *d).unwrap();
+            }
+            vq.avail().ring().ref_at(0).unwrap().store(u16::to_le(0));
+            vq.avail().idx().store(u16::to_le(1));
+            assert!(parse_both(&m, &vq).is_err());
+        }
+        // A head outside the queue: nothing to walk, no status byte.
+        let vq = MockSplitQueue::new(&m, 16);
+        let r = parse_head(&m, vq.desc_table_addr(), 16, 16, &limits()).unwrap_err();
+        assert_eq!(
+            (r.head, r.status, r.error),
+            (16, None, RequestError::NoStatus)
+        );
     }
 
     #[test]
@@ -829,9 +933,7 @@ mod tests {
             0,
         ));
         vq.add_desc_chains(&[head], 0).unwrap();
-        let mut q: Queue = vq.create_queue().unwrap();
-        let chain = q.pop_descriptor_chain(&m).unwrap();
-        let r = parse(chain, &limits()).unwrap();
+        let r = parse_both(&m, &vq).unwrap();
         assert_eq!(
             r.op,
             Operation::Read {

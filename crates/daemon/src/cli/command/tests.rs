@@ -53,6 +53,7 @@ fn back(a: ServeArgs) -> ServeCommand {
         stats_file,
         seccomp,
         bounce_buffer_max,
+        takeover,
     } = a;
     let bytes = |s: Option<String>| s.map(|s| crate::size::parse_size(&s).unwrap());
     ServeCommand {
@@ -91,6 +92,7 @@ fn back(a: ServeArgs) -> ServeCommand {
         stats_file,
         seccomp,
         bounce_buffer_max: bytes(bounce_buffer_max),
+        takeover,
     }
 }
 
@@ -145,6 +147,7 @@ fn full() -> ServeCommand {
         stats_file: Some("/tmp/stats.json".into()),
         seccomp: Some(crate::seccomp::SeccompMode::Log),
         bounce_buffer_max: Some(16 << 20),
+        takeover: true,
     }
 }
 
