@@ -232,6 +232,7 @@ pub fn apply(kind: ThreadKind, mode: SeccompMode) -> Result<(), SeccompError> {
         }
     };
     let prog = program(kind, mismatch)?;
+    install_panic_hook();
     KIND.with(|k| k.set(kind as u8 + 1));
     seccompiler::apply_filter(&prog).map_err(|source| SeccompError::Filter { kind, source })?;
     log::debug!("seccomp: {kind:?} filter installed ({mode:?})");
@@ -320,6 +321,28 @@ extern "C" fn on_sigsys(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mu
         libc::write(2, buf.as_ptr().cast(), len);
         libc::_exit(159);
     }
+}
+
+/// A panic in a filtered thread must still say what happened: the default
+/// hook may capture a backtrace (RUST_BACKTRACE), which opens files the filter
+/// forbids, and the SIGSYS would end the process before the message is out.
+/// In filtered threads the message is printed without a backtrace.
+fn install_panic_hook() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if KIND.with(Cell::get) == 0 {
+                return default(info);
+            }
+            let t = std::thread::current();
+            eprintln!(
+                "vqblk: thread {} panicked: {info} (no backtrace under seccomp; \
+                 run with --seccomp off for one)",
+                t.name().unwrap_or("?")
+            );
+        }));
+    });
 }
 
 fn install_sigsys_handler() {
