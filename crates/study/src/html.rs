@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use crate::matrix::Cell;
 use crate::merit::CellMerit;
 use crate::study::{fmt_mb, Study};
-use crate::tables::{facts, noisy_lines, tables};
+use crate::tables::{facts, noisy_lines, tables, Table};
 
 /// Escapes text for HTML content and attributes.
 pub fn esc(s: &str) -> String {
@@ -52,26 +52,66 @@ fn nice_axis(max: f64) -> (f64, f64) {
     ((max / step).ceil() * step, step)
 }
 
+/// Where a chart draws: the SVG size, the plot area inside its margins and the
+/// y axis scale, with the maps from values to pixels.
+#[derive(Debug, Clone, Copy)]
+struct Frame {
+    w: f64,
+    h: f64,
+    l: f64,
+    t: f64,
+    pw: f64,
+    ph: f64,
+    ymax: f64,
+    step: f64,
+    n: f64,
+}
+
+impl Frame {
+    /// The frame for `points` (IOThread count, mean, min, max) and the cell's
+    /// reference lines.
+    fn new(points: &[(u32, f64, f64, f64)], m: &CellMerit) -> Frame {
+        let (w, h) = (340.0, 210.0);
+        let (l, r, t, b) = (52.0, 12.0, 14.0, 34.0);
+        let mut top = points.iter().map(|p| p.3).fold(0.0, f64::max);
+        for x in [&m.baseline, &m.native].into_iter().flatten() {
+            top = top.max(x.max);
+        }
+        let (ymax, step) = nice_axis(top);
+        Frame {
+            w,
+            h,
+            l,
+            t,
+            pw: w - l - r,
+            ph: h - t - b,
+            ymax,
+            step,
+            n: points.len().max(1) as f64,
+        }
+    }
+
+    /// Pixel row of throughput `v`.
+    fn y(&self, v: f64) -> f64 {
+        self.t + self.ph - v / self.ymax * self.ph
+    }
+
+    /// Pixel column of the `i`th IOThread count.
+    fn x(&self, i: usize) -> f64 {
+        self.l + self.pw * (i as f64 + 0.5) / self.n
+    }
+}
+
 /// One chart: throughput (y) against IOThread count (x, one category per count),
 /// min-max whiskers over the repeats, baseline and native as dashed lines.
 pub fn chart(cell: &Cell, m: &CellMerit) -> String {
-    let (w, h) = (340.0, 210.0);
-    let (l, r, t, b) = (52.0, 12.0, 14.0, 34.0);
-    let pw = w - l - r;
-    let ph = h - t - b;
     let points: Vec<(u32, f64, f64, f64)> = m
         .iothreads
         .iter()
         .map(|(&k, x)| (k, x.mean, x.min, x.max))
         .collect();
-    let mut top = points.iter().map(|p| p.3).fold(0.0, f64::max);
-    for x in [&m.baseline, &m.native].into_iter().flatten() {
-        top = top.max(x.max);
-    }
-    let (ymax, step) = nice_axis(top);
-    let y = |v: f64| t + ph - v / ymax * ph;
-    let n = points.len().max(1) as f64;
-    let x = |i: usize| l + pw * (i as f64 + 0.5) / n;
+    let f = Frame::new(&points, m);
+    let Frame { w, h, .. } = f;
     let mut s = String::new();
     let title = format!("{cell}");
     let _ = write!(
@@ -83,10 +123,21 @@ pub fn chart(cell: &Cell, m: &CellMerit) -> String {
         s,
         "<rect x=\"0\" y=\"0\" width=\"{w}\" height=\"{h}\" fill=\"#ffffff\"/>"
     );
-    // Grid and y labels.
+    chart_axes(&mut s, &f);
+    chart_reference_lines(&mut s, &f, m);
+    chart_series(&mut s, &f, &points);
+    s.push_str("</svg>");
+    s
+}
+
+/// The grid with its y labels, the two axes and their titles.
+fn chart_axes(s: &mut String, f: &Frame) {
+    let Frame {
+        h, l, t, pw, ph, ..
+    } = *f;
     let mut v = 0.0;
-    while v <= ymax * 1.0001 {
-        let yy = y(v);
+    while v <= f.ymax * 1.0001 {
+        let yy = f.y(v);
         let _ = write!(
             s,
             "<line x1=\"{l}\" y1=\"{yy:.1}\" x2=\"{:.1}\" y2=\"{yy:.1}\" stroke=\"#e2e2e2\"/>\
@@ -96,7 +147,7 @@ pub fn chart(cell: &Cell, m: &CellMerit) -> String {
             yy + 3.5,
             fmt_mb(v)
         );
-        v += step;
+        v += f.step;
     }
     let _ = write!(
         s,
@@ -118,13 +169,17 @@ pub fn chart(cell: &Cell, m: &CellMerit) -> String {
         l + pw / 2.0,
         h - 4.0
     );
-    // Horizontal reference lines.
+}
+
+/// Native and baseline as dashed horizontal lines at their means.
+fn chart_reference_lines(s: &mut String, f: &Frame, m: &CellMerit) {
+    let Frame { l, pw, .. } = *f;
     for (meas, colour, name) in [
         (&m.native, C_NATIVE, "native"),
         (&m.baseline, C_BASE, "baseline"),
     ] {
         if let Some(meas) = meas {
-            let yy = y(meas.mean);
+            let yy = f.y(meas.mean);
             let _ = write!(
                 s,
                 "<line class=\"ref-{name}\" x1=\"{l}\" y1=\"{yy:.1}\" x2=\"{:.1}\" y2=\"{yy:.1}\" stroke=\"{colour}\" stroke-width=\"2\" stroke-dasharray=\"6 4\"><title>{name}: {} MB/s</title></line>",
@@ -133,38 +188,40 @@ pub fn chart(cell: &Cell, m: &CellMerit) -> String {
             );
         }
     }
-    // The IOThread series.
+}
+
+/// The IOThread series: a line through the means, a min-max whisker and a labelled
+/// point per count.
+fn chart_series(s: &mut String, f: &Frame, points: &[(u32, f64, f64, f64)]) {
     let path: Vec<String> = points
         .iter()
         .enumerate()
-        .map(|(i, p)| format!("{:.1},{:.1}", x(i), y(p.1)))
+        .map(|(i, p)| format!("{:.1},{:.1}", f.x(i), f.y(p.1)))
         .collect();
     if path.len() > 1 {
         let _ = write!(s, "<polyline class=\"series\" points=\"{}\" fill=\"none\" stroke=\"{C_SERIES}\" stroke-width=\"2\"/>", path.join(" "));
     }
     for (i, p) in points.iter().enumerate() {
-        let xx = x(i);
+        let xx = f.x(i);
         if p.3 > p.2 {
             let _ = write!(
                 s,
                 "<line x1=\"{xx:.1}\" y1=\"{:.1}\" x2=\"{xx:.1}\" y2=\"{:.1}\" stroke=\"{C_SERIES}\" stroke-width=\"1\"/>",
-                y(p.2),
-                y(p.3)
+                f.y(p.2),
+                f.y(p.3)
             );
         }
         let _ = write!(
             s,
             "<circle class=\"point\" cx=\"{xx:.1}\" cy=\"{:.1}\" r=\"3.5\" fill=\"{C_SERIES}\"><title>{} IOThreads: {} MB/s</title></circle>\
              <text x=\"{xx:.1}\" y=\"{:.1}\" font-size=\"10\" text-anchor=\"middle\" fill=\"#444\">{}</text>",
-            y(p.1),
+            f.y(p.1),
             p.0,
             fmt_mb(p.1),
-            t + ph + 13.0,
+            f.t + f.ph + 13.0,
             p.0
         );
     }
-    s.push_str("</svg>");
-    s
 }
 
 /// The whole page.
@@ -174,7 +231,20 @@ pub fn html(study: &Study) -> String {
     o.push_str("<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">");
     o.push_str("<title>vqblk IOThread study</title><style>");
     o.push_str(CSS);
-    o.push_str("</style></head><body>\n<h1>vqblk IOThread study</h1>\n<dl class=\"facts\">");
+    o.push_str("</style></head><body>\n<h1>vqblk IOThread study</h1>\n");
+    page_facts(&mut o, study);
+    for (i, t) in tables(study).iter().enumerate() {
+        page_table(&mut o, i, t);
+    }
+    page_charts(&mut o, study);
+    page_problems(&mut o, study);
+    o.push_str("</body></html>\n");
+    o
+}
+
+/// The facts of the study as a definition list, and the note on the marks.
+fn page_facts(o: &mut String, study: &Study) {
+    o.push_str("<dl class=\"facts\">");
     for (k, v) in facts(study) {
         let val = if k.starts_with("command") {
             format!("<code>{}</code>", esc(&v))
@@ -189,35 +259,41 @@ pub fn html(study: &Study) -> String {
         "<p class=\"note\">~ marks a cell where some column's repeats differ by more than {:.0}% (noisy); n/a = not measured.</p>",
         study.opts.noise * 100.0
     );
-    for (i, t) in tables(study).iter().enumerate() {
-        let _ = write!(
-            o,
-            "<h2>{}</h2><p class=\"note\">{}</p><table id=\"table-{i}\"><thead><tr>",
-            esc(&t.title),
-            esc(&t.note)
-        );
-        for hd in &t.header {
-            let _ = write!(o, "<th>{}</th>", esc(hd));
-        }
-        o.push_str("</tr></thead><tbody>");
-        for (row, total) in &t.rows {
-            o.push_str(if *total {
-                "<tr class=\"total\">"
-            } else {
-                "<tr>"
-            });
-            for (c, val) in row.iter().enumerate() {
-                let cls = if t.numeric.get(c).copied().unwrap_or(false) {
-                    " class=\"n\""
-                } else {
-                    ""
-                };
-                let _ = write!(o, "<td{cls}>{}</td>", esc(val));
-            }
-            o.push_str("</tr>");
-        }
-        o.push_str("</tbody></table>\n");
+}
+
+/// Table number `i`, with its title and note.
+fn page_table(o: &mut String, i: usize, t: &Table) {
+    let _ = write!(
+        o,
+        "<h2>{}</h2><p class=\"note\">{}</p><table id=\"table-{i}\"><thead><tr>",
+        esc(&t.title),
+        esc(&t.note)
+    );
+    for hd in &t.header {
+        let _ = write!(o, "<th>{}</th>", esc(hd));
     }
+    o.push_str("</tr></thead><tbody>");
+    for (row, total) in &t.rows {
+        o.push_str(if *total {
+            "<tr class=\"total\">"
+        } else {
+            "<tr>"
+        });
+        for (c, val) in row.iter().enumerate() {
+            let cls = if t.numeric.get(c).copied().unwrap_or(false) {
+                " class=\"n\""
+            } else {
+                ""
+            };
+            let _ = write!(o, "<td{cls}>{}</td>", esc(val));
+        }
+        o.push_str("</tr>");
+    }
+    o.push_str("</tbody></table>\n");
+}
+
+/// The legend and one captioned chart per cell.
+fn page_charts(o: &mut String, study: &Study) {
     o.push_str("<h2>Throughput against IOThread count</h2>\n<p class=\"legend\">");
     let _ = write!(o, "<span><i class=\"sw\" style=\"background:{C_SERIES}\"></i>vqblk, N IOThreads (whiskers: min-max of the repeats)</span>");
     if study.has_baseline {
@@ -247,6 +323,10 @@ pub fn html(study: &Study) -> String {
         );
     }
     o.push_str("</div>\n");
+}
+
+/// The noisy cells and the failed run attempts, each list only if not empty.
+fn page_problems(o: &mut String, study: &Study) {
     let noisy = noisy_lines(study);
     if !noisy.is_empty() {
         o.push_str("<h2>Noisy cells (relative range of the repeats)</h2><ul>");
@@ -268,8 +348,6 @@ pub fn html(study: &Study) -> String {
         }
         o.push_str("</ul>\n");
     }
-    o.push_str("</body></html>\n");
-    o
 }
 
 #[cfg(test)]

@@ -174,6 +174,17 @@ pub fn snippets(k: u32, queues: u32, nproc: u32) -> String {
     let kk = k.max(1);
     let queues = queues.max(kk);
     let mut o = String::new();
+    vqblk_snippets(&mut o, k, kk, queues);
+    vhost_user_snippets(&mut o, queues);
+    libvirt_virtio_blk_snippet(&mut o, k, kk, queues, nproc);
+    qemu_virtio_blk_snippet(&mut o, kk, queues);
+    kubevirt_snippet(&mut o, kk);
+    o
+}
+
+/// `vqblk serve` with `kk` IOThreads, as flags and as a configuration file; polling
+/// off when the baseline (`k` = 0) sufficed.
+fn vqblk_snippets(o: &mut String, k: u32, kk: u32, queues: u32) {
     let note = if k == 0 {
         "# The baseline (one IOThread, no polling) was as good as more IOThreads.\n"
     } else {
@@ -192,6 +203,10 @@ pub fn snippets(k: u32, queues: u32, nproc: u32) -> String {
         o,
         "\n[[export]]\nname = \"disk\"\nimage = \"/var/lib/vqblk/disk.raw\"\nsocket = \"/run/vqblk/disk.sock\"\nqueues = {queues}\n"
     );
+}
+
+/// Attaching the vqblk socket to a guest, with QEMU and with libvirt.
+fn vhost_user_snippets(o: &mut String, queues: u32) {
     let _ = writeln!(
         o,
         "--- attach the vqblk socket (QEMU)\n-object memory-backend-memfd,id=mem,size=4G,share=on -M q35,memory-backend=mem \\\n  \
@@ -204,6 +219,11 @@ pub fn snippets(k: u32, queues: u32, nproc: u32) -> String {
          <source type='unix' path='/run/vqblk/disk.sock'><reconnect enabled='yes' timeout='10'/></source>\n  \
          <target dev='vdb' bus='virtio'/>\n</disk>\n"
     );
+}
+
+/// QEMU's own virtio-blk with `kk` IOThreads in libvirt domain XML, pinned
+/// round-robin over `nproc` host CPUs.
+fn libvirt_virtio_blk_snippet(o: &mut String, k: u32, kk: u32, queues: u32, nproc: u32) {
     let _ = writeln!(
         o,
         "--- or QEMU's own virtio-blk with the same count: libvirt domain XML"
@@ -240,6 +260,10 @@ pub fn snippets(k: u32, queues: u32, nproc: u32) -> String {
         o,
         "    </iothreads>\n  </driver>\n  <source file='/var/lib/libvirt/images/disk.raw'/>\n  <target dev='vda' bus='virtio'/>\n</disk>\n"
     );
+}
+
+/// QEMU's own virtio-blk with `kk` IOThreads on the command line.
+fn qemu_virtio_blk_snippet(o: &mut String, kk: u32, queues: u32) {
     let objects: Vec<String> = (0..kk)
         .map(|i| format!("-object iothread,id=iot{i}"))
         .collect();
@@ -254,28 +278,27 @@ pub fn snippets(k: u32, queues: u32, nproc: u32) -> String {
         objects.join(" "),
         mapping.join(",")
     );
+}
+
+/// A KubeVirt VirtualMachine with `kk` supplemental IOThreads.
+fn kubevirt_snippet(o: &mut String, kk: u32) {
     let _ = writeln!(
         o,
         "--- KubeVirt VirtualMachine (spec.template.spec)\ndomain:\n  ioThreadsPolicy: supplementalPool\n  ioThreads:\n    supplementalPoolThreadCount: {kk}\n  \
          devices:\n    blockMultiQueue: true\n    disks:\n    - name: data\n      disk:\n        bus: virtio"
     );
-    o
 }
 
 /// `vqblk recommend`.
 pub fn run(args: RecommendArgs) -> anyhow::Result<i32> {
     let study = args.study.load()?;
     let w = Workload::parse(&args.workload)?;
-    let cells: Vec<(Cell, &CellMerit)> = study
-        .merits
-        .iter()
-        .filter(|(c, m)| w.matches(c) && m.best.is_some())
-        .map(|(c, m)| (*c, m))
-        .collect();
+    let cells = selected_cells(&study, &w);
     if cells.is_empty() {
         bail!("--workload {}: no measured cell matches", w.name);
     }
-    let d = decide(&cells, args.study.threshold);
+    let threshold = args.study.threshold;
+    let d = decide(&cells, threshold);
     let h = study.results.header();
     let mut o = String::new();
     let _ = writeln!(o, "vqblk recommend: {}", args.study.results.display());
@@ -287,6 +310,38 @@ pub fn run(args: RecommendArgs) -> anyhow::Result<i32> {
             h.host.nproc, h.host.cpu_model, h.host.kernel
         );
     }
+    selection_summary(&mut o, &study, &w, &cells, threshold);
+    o.push_str(&reasoning(&study, &cells, &d, threshold));
+    let Some(k) = d.count else {
+        bail!("no IOThread count was measured for every selected cell");
+    };
+    decision_lines(&mut o, &d, k, threshold);
+    noise_caution(&mut o, &cells, args.study.noise);
+    let queues = args.queues.or(h.map(|h| h.queues)).unwrap_or(k.max(1));
+    let nproc = h.map(|h| h.host.nproc).unwrap_or(1);
+    let _ = writeln!(o, "\n{}", snippets(k, queues, nproc));
+    print!("{o}");
+    Ok(0)
+}
+
+/// The measured cells of the workload, in the study's order.
+fn selected_cells<'a>(study: &'a Study, w: &Workload) -> Vec<(Cell, &'a CellMerit)> {
+    study
+        .merits
+        .iter()
+        .filter(|(c, m)| w.matches(c) && m.best.is_some())
+        .map(|(c, m)| (*c, m))
+        .collect()
+}
+
+/// What was selected (workload, cell count, block sizes) and the threshold.
+fn selection_summary(
+    o: &mut String,
+    study: &Study,
+    w: &Workload,
+    cells: &[(Cell, &CellMerit)],
+    threshold: f64,
+) {
     let sizes: Vec<String> = {
         let mut s: Vec<u64> = cells.iter().map(|(c, _)| c.bs).collect();
         s.dedup();
@@ -299,13 +354,13 @@ pub fn run(args: RecommendArgs) -> anyhow::Result<i32> {
         cells.len(),
         study.merits.len(),
         sizes.join(", "),
-        args.study.threshold * 100.0
+        threshold * 100.0
     );
-    o.push_str(&reasoning(&study, &cells, &d, args.study.threshold));
-    let Some(k) = d.count else {
-        bail!("no IOThread count was measured for every selected cell");
-    };
-    let noisy = cells.iter().filter(|(_, m)| m.is_noisy()).count();
+}
+
+/// The decision for `k` IOThreads, and why: the fewest that meet the threshold, or
+/// the one that comes closest when none does.
+fn decision_lines(o: &mut String, d: &Decision, k: u32, threshold: f64) {
     let _ = writeln!(o);
     if d.meets_threshold {
         let what = if k == 0 {
@@ -316,7 +371,7 @@ pub fn run(args: RecommendArgs) -> anyhow::Result<i32> {
         let _ = writeln!(
             o,
             "Decision: {what}: the fewest with which every selected cell reaches {:.0}% of its best.",
-            args.study.threshold * 100.0
+            threshold * 100.0
         );
     } else {
         let c = d
@@ -328,24 +383,24 @@ pub fn run(args: RecommendArgs) -> anyhow::Result<i32> {
             o,
             "Decision: {k} IOThread(s): no measured count gets every selected cell to {:.0}% of its best \
              (throughput is not monotonic in the IOThread count here); {k} gets the worst cell closest ({:.0}%, {}).",
-            args.study.threshold * 100.0,
+            threshold * 100.0,
             c.worst * 100.0,
             c.worst_cell
         );
     }
+}
+
+/// A caution when some selected cells are noisy (repeats differ by more than `noise`).
+fn noise_caution(o: &mut String, cells: &[(Cell, &CellMerit)], noise: f64) {
+    let noisy = cells.iter().filter(|(_, m)| m.is_noisy()).count();
     if noisy > 0 {
         let _ = writeln!(
             o,
             "Caution: {noisy} of the {} cells are noisy (repeats differ by more than {:.0}%); re-run with longer --runtime or more --repeats before relying on small differences.",
             cells.len(),
-            args.study.noise * 100.0
+            noise * 100.0
         );
     }
-    let queues = args.queues.or(h.map(|h| h.queues)).unwrap_or(k.max(1));
-    let nproc = h.map(|h| h.host.nproc).unwrap_or(1);
-    let _ = writeln!(o, "\n{}", snippets(k, queues, nproc));
-    print!("{o}");
-    Ok(0)
 }
 
 #[cfg(test)]

@@ -11,6 +11,8 @@ use serde_json::json;
 
 use vqblk_daemon::size::size_label;
 
+use crate::matrix::{Cell, Setup};
+use crate::merit::{CellMerit, TotalMerit};
 use crate::study::{Study, StudyArgs};
 use crate::tables::{facts, noisy_lines, tables, NOISY};
 
@@ -135,6 +137,25 @@ fn num(x: Option<f64>) -> String {
 /// CSV: one row per cell, then one per Total; throughput columns per setup in MB/s.
 pub fn csv(study: &Study) -> String {
     let setups = study.setups();
+    let mut o = csv_header(&setups);
+    for (c, m) in &study.merits {
+        o += &csv_cell_row(&setups, c, m);
+    }
+    for bs in study.sizes() {
+        for (jobs, iodepth) in study.job_columns() {
+            let t = study.total(bs, jobs, iodepth);
+            if t.cells == 0 {
+                continue;
+            }
+            o += &csv_total_row(&setups, &t, bs, jobs, iodepth);
+        }
+    }
+    o
+}
+
+/// The header line: the cell's coordinates, one throughput column per setup, the
+/// figures of merit.
+fn csv_header(setups: &[Setup]) -> String {
     let mut header: Vec<String> = ["kind", "size", "bs", "op", "jobs", "iodepth"]
         .iter()
         .map(|s| s.to_string())
@@ -156,67 +177,63 @@ pub fn csv(study: &Study) -> String {
         .iter()
         .map(|s| s.to_string()),
     );
-    let mut o = header.join(",") + "\n";
-    for (c, m) in &study.merits {
-        let mut row = vec![
-            "cell".to_string(),
-            size_label(c.bs),
-            c.bs.to_string(),
-            c.op.to_string(),
-            c.jobs.to_string(),
-            c.iodepth.to_string(),
-        ];
-        row.extend(setups.iter().map(|&s| num(m.mean(s))));
-        let spread = setups
+    header.join(",") + "\n"
+}
+
+/// The line of one cell, its fields quoted where needed.
+fn csv_cell_row(setups: &[Setup], c: &Cell, m: &CellMerit) -> String {
+    let mut row = vec![
+        "cell".to_string(),
+        size_label(c.bs),
+        c.bs.to_string(),
+        c.op.to_string(),
+        c.jobs.to_string(),
+        c.iodepth.to_string(),
+    ];
+    row.extend(setups.iter().map(|&s| num(m.mean(s))));
+    let spread = setups
+        .iter()
+        .filter_map(|&s| m.measure(s).map(|x| x.spread()))
+        .fold(0.0, f64::max);
+    row.extend([
+        num(m.best),
+        num(m.improvement_pct),
+        m.min_iothreads.map(|k| k.to_string()).unwrap_or_default(),
+        num(m.ratio_to_native),
+        m.is_noisy().to_string(),
+        num(Some(spread * 100.0)),
+    ]);
+    row.iter()
+        .map(|s| csv_field(s))
+        .collect::<Vec<_>>()
+        .join(",")
+        + "\n"
+}
+
+/// The line of the Total of one size and jobs x iodepth column (no op, no spread).
+fn csv_total_row(setups: &[Setup], t: &TotalMerit, bs: u64, jobs: u32, iodepth: u32) -> String {
+    let mut row = vec![
+        "total".to_string(),
+        size_label(bs),
+        bs.to_string(),
+        String::new(),
+        jobs.to_string(),
+        iodepth.to_string(),
+    ];
+    row.extend(
+        setups
             .iter()
-            .filter_map(|&s| m.measure(s).map(|x| x.spread()))
-            .fold(0.0, f64::max);
-        row.extend([
-            num(m.best),
-            num(m.improvement_pct),
-            m.min_iothreads.map(|k| k.to_string()).unwrap_or_default(),
-            num(m.ratio_to_native),
-            m.is_noisy().to_string(),
-            num(Some(spread * 100.0)),
-        ]);
-        o += &(row
-            .iter()
-            .map(|s| csv_field(s))
-            .collect::<Vec<_>>()
-            .join(",")
-            + "\n");
-    }
-    for bs in study.sizes() {
-        for (jobs, iodepth) in study.job_columns() {
-            let t = study.total(bs, jobs, iodepth);
-            if t.cells == 0 {
-                continue;
-            }
-            let mut row = vec![
-                "total".to_string(),
-                size_label(bs),
-                bs.to_string(),
-                String::new(),
-                jobs.to_string(),
-                iodepth.to_string(),
-            ];
-            row.extend(
-                setups
-                    .iter()
-                    .map(|s| num(t.throughput.get(&s.label()).copied())),
-            );
-            row.extend([
-                num(t.best),
-                num(t.improvement_pct),
-                num(t.min_iothreads),
-                num(t.ratio_to_native),
-                t.noisy.to_string(),
-                String::new(),
-            ]);
-            o += &(row.join(",") + "\n");
-        }
-    }
-    o
+            .map(|s| num(t.throughput.get(&s.label()).copied())),
+    );
+    row.extend([
+        num(t.best),
+        num(t.improvement_pct),
+        num(t.min_iothreads),
+        num(t.ratio_to_native),
+        t.noisy.to_string(),
+        String::new(),
+    ]);
+    row.join(",") + "\n"
 }
 
 /// JSON: the header, every cell with its figures and per-setup extras, the totals.
