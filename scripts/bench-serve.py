@@ -5,11 +5,16 @@ Starts `vqblk serve` and `qemu-storage-daemon` on the same backend (null, and an
 O_DIRECT raw file), drives each with the same libblkio client (`vqblk bench`,
 one job, 4k randread, iodepth 1 and 16), and the same workload straight on the
 file with io_uring + O_DIRECT (no virtualization). Prints IOPS, p50/p99
-completion latency and the server's CPU time per I/O (summed over all of its
-threads from /proc/PID/task/*/stat), as medians over --repeats runs, plus the
-ratios the targets are stated in. Figures, not a pass/fail test.
+completion latency, the server's CPU time per I/O (summed over all of its
+threads from /proc/PID/task/*/stat), the guest notifications (calls) per I/O
+(vqblk's own counters, --stats-file; "-" for qsd) and the client's sleeps per
+I/O (the job thread's voluntary context switches), as medians over --repeats
+runs, plus the ratios the targets are stated in. Figures, not a pass/fail test.
+--wait-mode is the client's libblkio_wait_mode: block sleeps on completions
+(like a guest waiting for interrupts), loop busy-polls.
 
-Usage: scripts/bench-serve.py [--runtime 10] [--repeats 3] [--out results.json]
+Usage: scripts/bench-serve.py [--runtime 10] [--repeats 3] [--wait-mode block|loop]
+                              [--backends null,file] [--depths 1,16] [--out results.json]
 """
 import argparse
 import json
@@ -28,18 +33,28 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dir", default=None, help="scratch dir on a disk file system (default: under target/)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--wait-mode", choices=["block", "loop"], default="block",
+                    help="the client's libblkio_wait_mode (default block)")
+    ap.add_argument("--backends", default="null,file", help="comma-separated subset of null,file")
+    ap.add_argument("--depths", default="1,16", help="comma-separated iodepths")
     a = ap.parse_args()
+    backends = [b for b in a.backends.split(",") if b]
+    depths = [int(d) for d in a.depths.split(",") if d]
     ensure_tools()
     work = a.dir or tempfile.mkdtemp(prefix="bench-serve-", dir=os.path.join(ROOT, "target"))
     image = os.path.join(work, "bench.raw")
     make_image(image)
+    def stats_file(server, backend):
+        return os.path.join(work, f"{server.replace(' ', '_')}-{backend}.stats.json")
+
     servers = [
-        ("vqblk", lambda b, i, s: start_vqblk(b, i, s)),
-        ("vqblk --poll off", lambda b, i, s: start_vqblk(b, i, s, extra=["--poll", "off"])),
+        ("vqblk", lambda b, i, s: start_vqblk(b, i, s, extra=["--stats-file", stats_file("vqblk", b)])),
+        ("vqblk --poll off", lambda b, i, s: start_vqblk(
+            b, i, s, extra=["--poll", "off", "--stats-file", stats_file("vqblk --poll off", b)])),
         ("qemu-storage-daemon", start_qsd),
     ]
     runs = {}
-    for backend in ["null", "file"]:
+    for backend in backends:
         # All servers of a backend run at once (idle ones use no CPU), and the
         # runs are interleaved, so drifting host or storage speed hits every
         # server alike; the native baseline is interleaved too.
@@ -52,14 +67,22 @@ def main():
                 procs[server] = (start(backend, image, sock), sock)
                 wait_socket(sock, procs[server][0])
             targets = [(name, f"unix:{sock}", p.pid) for name, (p, sock) in procs.items()]
+            # vqblk's own counters (calls per I/O) come from its stats file.
+            counters = {name: ["--server-pid", str(p.pid), "--server-stats", stats_file(name, backend)]
+                        for name, (p, _) in procs.items() if name.startswith("vqblk")}
             if backend == "file":
                 targets.append(("native io_uring", f"file:{image}", None))
             for rep in range(a.repeats):
-                for depth in [1, 16]:
+                for depth in depths:
                     for name, target, pid in targets:
-                        r = run_bench(target, depth, a.runtime, pid)
+                        extra = ["--libblkio_wait_mode", a.wait_mode] + counters.get(name, [])
+                        r = run_bench(target, depth, a.runtime, pid, extra=extra)
                         runs.setdefault((name, backend, depth), []).append(r)
                         cpu = f"  server CPU {r['server_cpu_us_per_io']:6.2f} us/IO" if pid else ""
+                        if "calls_per_io" in r:
+                            cpu += f"  calls {r['calls_per_io']:5.3f}/IO"
+                        if target.startswith("unix:"):
+                            cpu += f"  client sleeps {r['client_sleeps_per_io']:5.3f}/IO"
                         print(f"[{rep + 1}/{a.repeats}] {name:20} {backend:5} qd{depth:<3} {r['iops']:10.0f} IOPS"
                               f"  p50 {r['p50_us']:7.1f} us  p99 {r['p99_us']:8.1f} us{cpu}", flush=True)
         finally:
@@ -75,12 +98,16 @@ def main():
                 return r[key]
         return float("nan")
 
-    print("\n| server | backend | iodepth | IOPS | p50 (us) | p99 (us) | server CPU (us/IO) |")
-    print("|---|---|---|---|---|---|---|")
-    for r in results:
-        cpu = f"{r['server_cpu_us_per_io']:.2f}" if "server_cpu_us_per_io" in r else "-"
+    print(f"\nclient libblkio_wait_mode={a.wait_mode}")
+    print("| server | backend | iodepth | IOPS | p50 (us) | p99 (us) | server CPU (ns/IO) | calls/IO |"
+          " client sleeps/IO |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in sorted(results, key=lambda r: (r["backend"], r["iodepth"])):
+        cpu = f"{r['server_cpu_us_per_io'] * 1000:.0f}" if "server_cpu_us_per_io" in r else "-"
+        calls = f"{r['calls_per_io']:.3f}" if "calls_per_io" in r else "-"
+        sleeps = f"{r['client_sleeps_per_io']:.3f}" if r["server"] != "native io_uring" else "-"
         print(f"| {r['server']} | {r['backend']} | {r['iodepth']} | {r['iops']:.0f} | {r['p50_us']:.1f} |"
-              f" {r['p99_us']:.1f} | {cpu} |")
+              f" {r['p99_us']:.1f} | {cpu} | {calls} | {sleeps} |")
     q = "qemu-storage-daemon"
     ratios = {
         "null qd16 IOPS vqblk/qsd (target >= 1.3)": get("vqblk", "null", 16, "iops") / get(q, "null", 16, "iops"),
@@ -100,7 +127,8 @@ def main():
         print(f"{k}: {v:.2f}")
     if a.out:
         with open(a.out, "w") as f:
-            json.dump({"versions": versions(), "runtime": a.runtime, "repeats": a.repeats, "results": results,
+            json.dump({"versions": versions(), "runtime": a.runtime, "repeats": a.repeats,
+                       "wait_mode": a.wait_mode, "results": results,
                        "ratios": ratios}, f, indent=2)
 
 

@@ -111,7 +111,14 @@ def run_bench(target, iodepth, runtime, server_pid=None, rw="randread", numjobs=
         "p99_us": pct["99.000000"] / 1000,
         "total_ios": r["total_ios"],
         "client_cpu_us_per_io": j["vqblk"].get("client_cpu_per_io_us") or 0.0,
+        # The job threads' voluntary context switches per request (bench's count).
+        "client_sleeps_per_io": j["vqblk"].get("client_sleeps_per_io") or 0.0,
     }
+    # With --server-stats: the IOThreads' own counters over the run.
+    iots = j["vqblk"].get("server_iothreads")
+    if iots:
+        reqs = sum(t["requests"] for t in iots)
+        res["calls_per_io"] = sum(t["notifications"] for t in iots) / reqs if reqs else 0.0
     if server_pid:
         # CPU over the whole client run (ramp included) divided by the I/Os of
         # the whole run: the ramp's I/Os are estimated at the measured rate.

@@ -12,6 +12,11 @@ pub struct CpuTimes {
     pub sys: Duration,
     /// Voluntary + involuntary context switches (getrusage only).
     pub ctx: u64,
+    /// Voluntary context switches (getrusage only): how often the thread went
+    /// to sleep, e.g. waiting for a completion. For a thread this is the
+    /// kernel's `nvcsw`, the `voluntary_ctxt_switches` of
+    /// `/proc/self/task/TID/status`.
+    pub sleeps: u64,
 }
 
 impl CpuTimes {
@@ -26,6 +31,7 @@ impl CpuTimes {
             user: self.user.saturating_sub(earlier.user),
             sys: self.sys.saturating_sub(earlier.sys),
             ctx: self.ctx.saturating_sub(earlier.ctx),
+            sleeps: self.sleeps.saturating_sub(earlier.sleeps),
         }
     }
 }
@@ -38,6 +44,7 @@ impl std::ops::Add for CpuTimes {
             user: self.user + b.user,
             sys: self.sys + b.sys,
             ctx: self.ctx + b.ctx,
+            sleeps: self.sleeps + b.sleeps,
         }
     }
 }
@@ -58,6 +65,7 @@ fn rusage(who: libc::c_int) -> CpuTimes {
         user: tv(ru.ru_utime),
         sys: tv(ru.ru_stime),
         ctx: (ru.ru_nvcsw + ru.ru_nivcsw).max(0) as u64,
+        sleeps: ru.ru_nvcsw.max(0) as u64,
     }
 }
 
@@ -107,6 +115,7 @@ pub fn server_times(pid: u32) -> Result<CpuTimes, String> {
         user: ticks(u),
         sys: ticks(s),
         ctx: 0,
+        sleeps: 0,
     })
 }
 

@@ -204,6 +204,15 @@ fn job_options(j: &JobReport) -> Value {
     Value::Object(o)
 }
 
+/// `n / ios`, null without requests.
+fn per_io(n: u64, ios: u64) -> Value {
+    if ios == 0 {
+        Value::Null
+    } else {
+        json!(n as f64 / ios as f64)
+    }
+}
+
 fn per_io_us(t: Duration, ios: u64) -> Value {
     if ios == 0 {
         Value::Null
@@ -247,6 +256,17 @@ fn vqblk_json(r: &Report) -> Value {
         "client_usr_s": r.client_cpu.user.as_secs_f64(),
         "client_sys_s": r.client_cpu.sys.as_secs_f64(),
         "client_cpu_per_io_us": per_io_us(r.client_cpu.total(), ios),
+        // Voluntary context switches of the job threads (each measured from
+        // its start to its end) per request: how often the client slept.
+        "client_sleeps_per_io": per_io(r.jobs.iter().map(|j| j.cpu.sleeps).sum(), ios),
+        "jobs": r.jobs.iter().map(|j| {
+            let ios = j.read.total_ios + j.write.total_ios;
+            json!({
+                "jobname": j.name,
+                "client_sleeps": j.cpu.sleeps,
+                "client_sleeps_per_io": per_io(j.cpu.sleeps, ios),
+            })
+        }).collect::<Vec<_>>(),
     });
     if let Some(pid) = r.server_pid {
         vq["server_pid"] = json!(pid);

@@ -164,6 +164,7 @@ mod tests {
                 user: Duration::from_millis(ms),
                 sys: Duration::ZERO,
                 ctx: 1,
+                sleeps: 1,
             },
             error: error.map(String::from),
             io_errors: u64::from(error.is_some()),
@@ -180,6 +181,35 @@ mod tests {
         assert_eq!(g.runtime, Duration::from_millis(30));
         assert_eq!(g.cpu.user, Duration::from_millis(60));
         assert_eq!((g.io_errors, g.error.as_deref()), (2, Some("a")));
+        assert_eq!(g.cpu.sleeps, 3);
+    }
+
+    #[test]
+    fn the_json_reports_client_sleeps_per_request() {
+        let mut b = job(1, None);
+        b.name = "k".into();
+        b.cpu.sleeps = 4;
+        b.read.record(4096, 1, 2);
+        let r = Report {
+            timestamp: 0,
+            timestamp_ms: 0,
+            jobs: vec![job(1, None), b],
+            elapsed: Duration::ZERO,
+            client_cpu: CpuTimes::default(),
+            server_cpu: None,
+            server_pid: None,
+            server_threads: Vec::new(),
+            verify: None,
+            targets: Vec::new(),
+            group_reporting: false,
+        };
+        let v = serde_json::to_value(crate::output::to_json(&r)).unwrap();
+        let vq = &v["vqblk"];
+        // 1 + 4 sleeps over 1 + 2 requests.
+        assert_eq!(vq["client_sleeps_per_io"].as_f64(), Some(5.0 / 3.0));
+        assert_eq!(vq["jobs"][1]["jobname"], "k");
+        assert_eq!(vq["jobs"][1]["client_sleeps"], 4);
+        assert_eq!(vq["jobs"][1]["client_sleeps_per_io"].as_f64(), Some(2.0));
     }
 
     #[test]

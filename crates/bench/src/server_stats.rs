@@ -28,6 +28,16 @@ pub struct IoThreadDelta {
     pub completion_wakeups: u64,
     /// Guest notifications sent.
     pub notifications: u64,
+    /// Notification checks that sent no call (the guest did not ask for one).
+    pub notifications_suppressed: u64,
+    /// Requests popped from the avail rings.
+    pub popped: u64,
+    /// Used ring entries published.
+    pub used_publishes: u64,
+    /// Delivery rounds that published at least one used entry.
+    pub used_batches: u64,
+    /// Kick edges seen (stale ones included).
+    pub kicks: u64,
     /// Event-loop iterations.
     pub passes: u64,
     /// Passes that busy-polled.
@@ -57,6 +67,11 @@ impl IoThreadDelta {
             kick_wakeups: n(|t| t.kick_wakeups),
             completion_wakeups: n(|t| t.completion_wakeups),
             notifications: n(|t| t.notifications),
+            notifications_suppressed: n(|t| t.notifications_suppressed),
+            popped: n(|t| t.popped),
+            used_publishes: n(|t| t.used_publishes),
+            used_batches: n(|t| t.used_batches),
+            kicks: n(|t| t.kicks),
             passes: n(|t| t.passes),
             poll_attempts: n(|t| t.poll_attempts),
             poll_hits: n(|t| t.poll_hits),
@@ -122,6 +137,11 @@ mod tests {
             stale_edges: k,
             passes: 10 * k,
             notifications: 3 * k,
+            notifications_suppressed: 6 * k,
+            popped: 100 * k,
+            used_publishes: 100 * k,
+            used_batches: 9 * k,
+            kicks: 2 * k,
             errors: 0,
             broken_rings: 0,
             budget_exhausted: 0,
@@ -159,6 +179,8 @@ mod tests {
         assert_eq!((d[1].requests, d[1].passes, d[1].naps), (200, 20, 10));
         assert_eq!((d[1].poll_seconds, d[1].sleep_seconds), (0.5, 2.0));
         assert_eq!(d[1].poll_window_ns, 3000);
+        assert_eq!((d[1].popped, d[1].used_batches, d[1].kicks), (200, 18, 4));
+        assert_eq!(d[1].notifications_suppressed, 12);
         assert_eq!(d[2], IoThreadDelta::between(None, &thread("new", 1)));
         assert_eq!(d[2].requests, 100);
     }
@@ -175,16 +197,21 @@ mod tests {
                 "cpu_seconds",
                 "errors",
                 "kick_wakeups",
+                "kicks",
                 "name",
                 "naps",
                 "notifications",
+                "notifications_suppressed",
                 "passes",
                 "poll_attempts",
                 "poll_hits",
                 "poll_seconds",
                 "poll_window_ns",
+                "popped",
                 "requests",
                 "sleep_seconds",
+                "used_batches",
+                "used_publishes",
             ]
         );
         assert!(v["requests"].is_u64() && v["cpu_seconds"].is_f64());
@@ -198,5 +225,19 @@ mod tests {
         .unwrap();
         let s: DaemonSnapshot = serde_json::from_str(&file).unwrap();
         assert_eq!(s.iothreads[0].requests, 100);
+        // A file from a daemon that predates the pipeline counters still parses.
+        let mut old: serde_json::Value = serde_json::from_str(&file).unwrap();
+        let t = old["iothreads"][0].as_object_mut().unwrap();
+        for k in [
+            "popped",
+            "used_publishes",
+            "used_batches",
+            "notifications_suppressed",
+            "kicks",
+        ] {
+            t.remove(k);
+        }
+        let s: DaemonSnapshot = serde_json::from_value(old).unwrap();
+        assert_eq!((s.iothreads[0].popped, s.iothreads[0].kicks), (0, 0));
     }
 }

@@ -73,6 +73,17 @@ pub struct IoThreadStats {
     pub passes: Counter,
     /// Guest notifications (call fd writes) sent.
     pub notifications: Counter,
+    /// Notification checks after which no call was sent: the guest did not ask
+    /// for one (EVENT_IDX `used_event`, or VRING_AVAIL_F_NO_INTERRUPT).
+    pub notifications_suppressed: Counter,
+    /// Requests popped from the avail rings.
+    pub popped: Counter,
+    /// Used ring entries published (`add_used` calls, each stores the used index).
+    pub used_publishes: Counter,
+    /// Completion batches: delivery rounds that published at least one used entry.
+    pub used_batches: Counter,
+    /// Kick edges seen by epoll (stale ones included).
+    pub kicks: Counter,
     /// Malformed or failed requests.
     pub errors: Counter,
     /// Rings found in an impossible state (stopped until the frontend sets them up again).
@@ -151,6 +162,11 @@ impl IoThreadStats {
             stale_edges: self.stale_edges.get(),
             passes: self.passes.get(),
             notifications: self.notifications.get(),
+            notifications_suppressed: self.notifications_suppressed.get(),
+            popped: self.popped.get(),
+            used_publishes: self.used_publishes.get(),
+            used_batches: self.used_batches.get(),
+            kicks: self.kicks.get(),
             errors: self.errors.get(),
             broken_rings: self.broken_rings.get(),
             budget_exhausted: self.budget_exhausted.get(),
@@ -232,6 +248,21 @@ pub struct IoThreadSnapshot {
     pub passes: u64,
     /// Guest notifications sent.
     pub notifications: u64,
+    /// Notification checks that sent no call (the guest did not ask for one).
+    #[serde(default)]
+    pub notifications_suppressed: u64,
+    /// Requests popped from the avail rings.
+    #[serde(default)]
+    pub popped: u64,
+    /// Used ring entries published (`add_used` calls).
+    #[serde(default)]
+    pub used_publishes: u64,
+    /// Delivery rounds that published at least one used entry.
+    #[serde(default)]
+    pub used_batches: u64,
+    /// Kick edges seen (stale ones included).
+    #[serde(default)]
+    pub kicks: u64,
     /// Failed or malformed requests.
     pub errors: u64,
     /// Rings found in an impossible state and stopped.

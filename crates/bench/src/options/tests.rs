@@ -76,6 +76,34 @@ fn fio_libblkio_spelling() {
 }
 
 #[test]
+fn libblkio_wait_mode_defaults_to_block_and_parses_fios_values() {
+    let base = [o("target", "unix:/s.sock")];
+    assert_eq!(
+        JobSpec::from_options("x", &base).unwrap().wait_mode,
+        WaitMode::Block
+    );
+    for (v, m) in [
+        ("block", WaitMode::Block),
+        ("loop", WaitMode::Loop),
+        ("eventfd", WaitMode::Eventfd),
+    ] {
+        let spec = JobSpec::from_options("x", &[base[0].clone(), o("libblkio_wait_mode", v)]);
+        assert_eq!(spec.unwrap().wait_mode, m);
+        assert_eq!(m.as_str(), v);
+    }
+    assert!(
+        JobSpec::from_options("x", &[base[0].clone(), o("libblkio_wait_mode", "spin")]).is_err()
+    );
+    // Job files: a global section's value reaches the job, a job's own wins.
+    let text = "[global]\nlibblkio_wait_mode=loop\ntarget=unix:/s.sock\n[a]\n[b]\nlibblkio_wait_mode=block\n";
+    let jobs = jobs_from_sections(&parse_job_file(text).unwrap(), &[]).unwrap();
+    assert_eq!(
+        (jobs[0].wait_mode, jobs[1].wait_mode),
+        (WaitMode::Loop, WaitMode::Block)
+    );
+}
+
+#[test]
 fn syntax_errors() {
     assert!(matches!(
         parse_job_file("bs=4k\n"),

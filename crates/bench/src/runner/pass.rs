@@ -217,6 +217,7 @@ mod tests {
             user: Duration::from_millis(ms),
             sys: Duration::from_millis(ms / 2),
             ctx: ms,
+            sleeps: ms,
         }
     }
 

@@ -427,6 +427,7 @@ impl IoThread {
                 }
                 t => {
                     let slot = SlotId(t.saturating_sub(TOKEN_KICK_BASE) as usize);
+                    self.stats.kicks.add(1);
                     // Edge-triggered: every guest kick (an eventfd write)
                     // raises a new edge, so the counter need not be read
                     // back to zero: one syscall less per kick. The edge is

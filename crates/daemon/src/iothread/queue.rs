@@ -361,6 +361,7 @@ impl QueueSlot {
         }
         match self.queue.add_used(&*mem, ticket.head, used_len) {
             Ok(()) => {
+                stats.used_publishes.add(1);
                 if let Some(record) = &mut self.record {
                     record.commit_used(self.queue.next_used());
                 }
@@ -393,7 +394,7 @@ impl QueueSlot {
                     stats.notifications.add(1);
                 }
             }
-            Ok(false) => {}
+            Ok(false) => stats.notifications_suppressed.add(1),
             Err(e) => debug!(
                 "{} queue {}: needs_notification: {e}",
                 self.device.name, self.key.queue
@@ -501,7 +502,12 @@ impl Queues {
             return Popped::Drained;
         };
         let was_broken = q.broken();
+        let inflight = q.inflight;
         let popped = q.process(id, exec, rearm);
+        // Nothing finishes during `process`: the growth is what it popped.
+        self.stats
+            .popped
+            .add(q.inflight.saturating_sub(inflight) as u64);
         if !was_broken && q.broken() {
             self.stats.broken_rings.add(1);
         }
@@ -516,11 +522,15 @@ impl Queues {
     pub fn deliver(&mut self, exec: &mut Executor) {
         let mut finished = std::mem::take(&mut self.finished);
         exec.complete(&mut finished);
+        let published = self.stats.used_publishes.get();
         for f in finished.drain(..) {
             match self.slots.get_mut(f.ticket.slot.0).and_then(Option::as_mut) {
                 Some(q) => q.finish(f, &self.stats, &mut self.warn),
                 None => error!("completion for a released queue slot {:?}", f.ticket.slot),
             }
+        }
+        if self.stats.used_publishes.get() != published {
+            self.stats.used_batches.add(1);
         }
         self.finished = finished;
     }

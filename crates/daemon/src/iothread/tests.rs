@@ -59,6 +59,8 @@ struct Opts {
     latency_ns: u64,
     /// The executor's bounce-buffer cap (default 64 MiB).
     bounce_max: Option<u64>,
+    /// VIRTIO_RING_F_EVENT_IDX negotiated.
+    event_idx: bool,
 }
 
 /// A request pushed on the ring.
@@ -103,6 +105,7 @@ impl Rig {
         let (desc, avail, used) = (vq.desc_table_addr().0, 0x8000u64, 0x9000u64);
         queue.set_avail_ring_address(Some(avail as u32), Some(0));
         queue.set_used_ring_address(Some(used as u32), Some(0));
+        queue.set_event_idx(o.event_idx);
         let (mut disk, dir, path) = match kind {
             Kind::Null => (Disk::null(DISK, o.read_only, o.latency_ns), None, None),
             Kind::Uring | Kind::Threads => {
@@ -1156,4 +1159,47 @@ fn a_request_larger_than_the_bounce_cap_is_ioerr() {
     let q = r.push(req_type::IN, 0, &[(DATA + 1, 8192, true)]);
     r.run_one(&q, 1, status::IOERR);
     assert_eq!(r.exec.bounce_bytes(), 0);
+}
+
+#[test]
+fn the_thread_counts_pops_publishes_and_suppressed_calls() {
+    let mut r = Rig::with(
+        Kind::Null,
+        Opts {
+            event_idx: true,
+            ..Opts::default()
+        },
+    );
+    // used_event (after the avail ring's entries) asks for a call once used
+    // index 1 is passed: the first completion is signalled.
+    let used_event = GuestAddress(r.avail + 4 + 2 * u64::from(QUEUE_SIZE));
+    r.mem.write_obj(0u16, used_event).unwrap();
+    let q = r.push(req_type::FLUSH, 0, &[]);
+    r.run_one(&q, 1, status::OK);
+    assert_eq!(r.stats.notifications.get(), 1);
+    assert_eq!(r.stats.notifications_suppressed.get(), 0);
+    // The driver now wants a call only after used index 100: three more
+    // completions in one batch publish three entries and send no call.
+    r.mem.write_obj(100u16, used_event).unwrap();
+    for _ in 0..3 {
+        r.push(req_type::FLUSH, 0, &[]);
+    }
+    assert_eq!(r.run().len(), 3);
+    assert_eq!(r.stats.notifications.get(), 1);
+    assert_eq!(r.stats.notifications_suppressed.get(), 1);
+    assert_eq!(r.stats.popped.get(), 4);
+    assert_eq!(r.stats.used_publishes.get(), 4);
+    assert_eq!(r.stats.requests.get(), 4);
+    // Null backend: each run's requests finish in one delivery round.
+    assert_eq!(r.stats.used_batches.get(), 2);
+    let s = r.stats.snapshot();
+    assert_eq!(
+        (
+            s.popped,
+            s.used_publishes,
+            s.used_batches,
+            s.notifications_suppressed
+        ),
+        (4, 4, 2, 1)
+    );
 }

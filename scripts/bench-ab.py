@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""Interleaved A/B of two vqblk binaries as servers, same client.
+
+Both servers run at once (an idle one uses no CPU) on the same backend; the
+client (`vqblk bench` of --client, default this tree's build) drives them in
+turn, A B A B ..., 4k randread, one job. Cells: null QD1, null QD16, file
+QD16 (O_DIRECT raw image). Prints per cell the medians of IOPS and server
+CPU per I/O and the B/A ratios. Figures, not a pass/fail test.
+
+    scripts/bench-ab.py --a OLD_BINARY --b NEW_BINARY [--runtime 5] [--repeats 5]
+                        [--b-extra "--seccomp off"] [--out results.json]
+"""
+import argparse
+import json
+import os
+import shlex
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchlib  # noqa: E402
+
+
+def start(binary, backend, image, sock, extra):
+    benchlib.VQBLK, saved = binary, benchlib.VQBLK
+    try:
+        return benchlib.start_vqblk(backend, image, sock, extra=extra)
+    finally:
+        benchlib.VQBLK = saved
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--a", required=True, help="server binary A (the baseline)")
+    ap.add_argument("--b", required=True, help="server binary B")
+    ap.add_argument("--a-extra", default="", help="extra serve flags for A")
+    ap.add_argument("--b-extra", default="", help="extra serve flags for B")
+    ap.add_argument("--client", default=benchlib.VQBLK, help="the vqblk binary whose bench drives both")
+    ap.add_argument("--runtime", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    benchlib.VQBLK = a.client
+    work = tempfile.mkdtemp(prefix="bench-ab-", dir=os.path.join(benchlib.ROOT, "target"))
+    image = os.path.join(work, "bench.raw")
+    benchlib.make_image(image)
+    cells = [("null", 1), ("null", 16), ("file", 16)]
+    runs = {}
+    for backend in ["null", "file"]:
+        procs = {}
+        try:
+            for side, binary, extra in [("A", a.a, a.a_extra), ("B", a.b, a.b_extra)]:
+                sock = os.path.join(work, f"{side}-{backend}.sock")
+                procs[side] = (start(binary, backend, image, sock, shlex.split(extra)), sock)
+                benchlib.wait_socket(sock, procs[side][0])
+            for rep in range(a.repeats):
+                for be, depth in cells:
+                    if be != backend:
+                        continue
+                    order = ["A", "B"] if rep % 2 == 0 else ["B", "A"]
+                    for side in order:
+                        p, sock = procs[side]
+                        r = benchlib.run_bench(f"unix:{sock}", depth, a.runtime, p.pid)
+                        runs.setdefault((backend, depth, side), []).append(r)
+                        print(f"{backend} qd{depth} {side} run {rep + 1}: {r['iops'] / 1e3:.1f}K IOPS, "
+                              f"{r['server_cpu_us_per_io']:.2f} us CPU/IO", flush=True)
+        finally:
+            for p, _ in procs.values():
+                benchlib.stop(p)
+    print(f"\n| cell | A IOPS | B IOPS | B/A IOPS | A CPU us/IO | B CPU us/IO | B/A CPU/IO |")
+    print("|---|---|---|---|---|---|---|")
+    table = []
+    for backend, depth in cells:
+        ma = benchlib.median_of(runs[(backend, depth, "A")])
+        mb = benchlib.median_of(runs[(backend, depth, "B")])
+        row = (backend, depth, ma["iops"], mb["iops"], mb["iops"] / ma["iops"], ma["server_cpu_us_per_io"],
+               mb["server_cpu_us_per_io"], mb["server_cpu_us_per_io"] / ma["server_cpu_us_per_io"])
+        table.append(row)
+        print(f"| {backend} QD{depth} | {row[2] / 1e3:.1f}K | {row[3] / 1e3:.1f}K | {row[4]:.2f} | "
+              f"{row[5]:.2f} | {row[6]:.2f} | {row[7]:.2f} |")
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"args": vars(a), "runs": {f"{k[0]}-qd{k[1]}-{k[2]}": v for k, v in runs.items()},
+                       "versions": benchlib.versions()}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
