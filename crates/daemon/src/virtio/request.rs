@@ -289,9 +289,10 @@ fn parse_descriptors<M: GuestMemory + ?Sized>(
         if desc.len() == 0 {
             continue;
         }
-        // A buffer running past the end of the 64-bit address space is no
-        // buffer: refused here, so a Request's segments are always ranges.
-        if desc.addr().0.checked_add(desc.len() as u64 - 1).is_none() {
+        // A buffer running to or past the end of the 64-bit address space
+        // is no buffer: refused here, so every segment of a Request is a
+        // range [addr, addr + len) that u64 can express.
+        if desc.addr().0.checked_add(desc.len() as u64).is_none() {
             wraps.get_or_insert(desc.addr().0);
         }
         let seg = Segment {
@@ -945,5 +946,23 @@ mod tests {
             }
         );
         assert_eq!(r.status, GuestAddress(STATUS));
+    }
+
+    /// Found by the parser fuzz harness: a device-writable data descriptor
+    /// ending exactly at 2^64 (GET_ID) was accepted, a segment whose end u64
+    /// cannot express. Refused now, like any buffer running past the end.
+    #[test]
+    fn a_data_descriptor_running_to_the_end_of_the_address_space_is_refused() {
+        let m = mem();
+        header(&m, req_type::GET_ID, 0);
+        for (addr, len) in [(u64::MAX, 1), (u64::MAX - 15, 16), (u64::MAX - 7, 512)] {
+            let (e, status) = err(
+                &m,
+                &[d(HDR, 16, false), d(addr, len, true), d(STATUS, 1, true)],
+                &limits(),
+            );
+            assert_eq!(e, RequestError::AddressWrap(addr), "{addr:#x}+{len}");
+            assert_eq!(status, Some(GuestAddress(STATUS)));
+        }
     }
 }
