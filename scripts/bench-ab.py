@@ -38,15 +38,17 @@ def main():
     ap.add_argument("--client", default=benchlib.VQBLK, help="the vqblk binary whose bench drives both")
     ap.add_argument("--runtime", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--cells", default="null:1,null:16,file:16", help="BACKEND:DEPTH,... (default: all three)")
     ap.add_argument("--out")
     a = ap.parse_args()
     benchlib.VQBLK = a.client
     work = tempfile.mkdtemp(prefix="bench-ab-", dir=os.path.join(benchlib.ROOT, "target"))
     image = os.path.join(work, "bench.raw")
-    benchlib.make_image(image)
-    cells = [("null", 1), ("null", 16), ("file", 16)]
+    cells = [(c.split(":")[0], int(c.split(":")[1])) for c in a.cells.split(",")]
     runs = {}
-    for backend in ["null", "file"]:
+    if any(b == "file" for b, _ in cells):
+        benchlib.make_image(image)
+    for backend in sorted({b for b, _ in cells}, key=["null", "file"].index):
         procs = {}
         try:
             for side, binary, extra in [("A", a.a, a.a_extra), ("B", a.b, a.b_extra)]:
