@@ -64,6 +64,10 @@ impl Bounce {
         let ptr = unsafe { alloc(layout) };
         (!ptr.is_null()).then_some(Bounce { ptr, layout })
     }
+    /// Bytes held (what counts against `bounce-buffer-max`).
+    fn held(&self) -> u64 {
+        self.layout.size() as u64
+    }
     fn slice(&mut self) -> &mut [u8] {
         // SAFETY: `ptr` is a live allocation of `layout.size()` bytes owned by self.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.layout.size()) }
@@ -269,6 +273,7 @@ impl Executor {
             self.inflight.len() - 1
         });
         let backend = disk.backend;
+        let bounced = bounce.as_ref().map_or(0, |(b, _)| b.held());
         self.inflight[token] = Some(Inflight {
             ticket,
             backend,
@@ -277,7 +282,6 @@ impl Executor {
             transfer,
             bounce,
         });
-        let bounced = self.bounce_len(token);
         self.bounce_bytes += bounced;
         match self.submit_token(token) {
             Ok(()) => Ok(Submitted::InFlight),
@@ -287,17 +291,6 @@ impl Executor {
                 self.bounce_bytes -= bounced;
                 Err(ExecuteError::Submit { backend, source })
             }
-        }
-    }
-
-    /// Bounce-buffer bytes held by in-flight request `token`.
-    fn bounce_len(&self, token: usize) -> u64 {
-        match self.inflight.get(token).and_then(Option::as_ref) {
-            Some(Inflight {
-                bounce: Some((b, _)),
-                ..
-            }) => b.layout.size() as u64,
-            _ => 0,
         }
     }
 
@@ -385,12 +378,11 @@ impl Executor {
             },
             Next::Done(r) => r.map_err(ExecuteError::from),
         };
-        let bounced = self.bounce_len(token);
         let Some(mut inf) = self.inflight[token].take() else {
             return;
         };
         self.free.push(token);
-        self.bounce_bytes -= bounced;
+        self.bounce_bytes -= inf.bounce.as_ref().map_or(0, |(b, _)| b.held());
         if let (Ok(_), IoKind::Read, Some((b, segs))) =
             (&result, inf.transfer.kind(), &mut inf.bounce)
         {
