@@ -2,6 +2,7 @@
 //! the device model), guest notification suppression, and finishing a request
 //! (status byte, used ring entry, one notification per queue per pass).
 
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io::Write;
 use std::sync::atomic::Ordering;
@@ -64,9 +65,7 @@ pub(super) struct QueueSlot {
     /// The queue's inflight record (INFLIGHT_SHMFD negotiated), None otherwise.
     record: Option<InflightQueue>,
     /// Heads a dead daemon left in flight, executed before anything new.
-    resubmit: Vec<u16>,
-    /// How many of `resubmit` were executed already.
-    resubmitted: usize,
+    resubmit: VecDeque<u16>,
 }
 
 impl QueueSlot {
@@ -91,8 +90,7 @@ impl QueueSlot {
             broken: false,
             notify: true,
             record,
-            resubmit,
-            resubmitted: 0,
+            resubmit: resubmit.into(),
         }
     }
 
@@ -161,7 +159,7 @@ impl QueueSlot {
 
     /// Whether heads left in flight by a dead daemon wait to be executed again.
     fn resubmit_pending(&self) -> bool {
-        self.resubmitted < self.resubmit.len()
+        !self.resubmit.is_empty()
     }
 
     /// Executes again, in their original pop order, the heads a dead daemon had
@@ -178,9 +176,10 @@ impl QueueSlot {
     ) {
         let size = self.queue.size();
         let table = GuestAddress(self.queue.desc_table());
-        while *budget > 0 && self.resubmit_pending() {
-            let head = self.resubmit[self.resubmitted];
-            self.resubmitted += 1;
+        while *budget > 0 {
+            let Some(head) = self.resubmit.pop_front() else {
+                break;
+            };
             *budget -= 1;
             if head >= size {
                 self.stop_ring(format_args!(
@@ -194,8 +193,7 @@ impl QueueSlot {
         }
         if !self.resubmit_pending() {
             // Done with recovery: give the memory back.
-            self.resubmit = Vec::new();
-            self.resubmitted = 0;
+            self.resubmit = VecDeque::new();
         }
     }
 
