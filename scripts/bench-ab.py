@@ -21,14 +21,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchlib  # noqa: E402
 
 
-def start(binary, backend, image, sock, extra):
-    benchlib.VQBLK, saved = binary, benchlib.VQBLK
-    try:
-        return benchlib.start_vqblk(backend, image, sock, extra=extra)
-    finally:
-        benchlib.VQBLK = saved
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--a", required=True, help="server binary A (the baseline)")
@@ -53,7 +45,7 @@ def main():
         try:
             for side, binary, extra in [("A", a.a, a.a_extra), ("B", a.b, a.b_extra)]:
                 sock = os.path.join(work, f"{side}-{backend}.sock")
-                procs[side] = (start(binary, backend, image, sock, shlex.split(extra)), sock)
+                procs[side] = (benchlib.start_vqblk(backend, image, sock, extra=shlex.split(extra), binary=binary), sock)
                 benchlib.wait_socket(sock, procs[side][0])
             for rep in range(a.repeats):
                 for be, depth in cells:

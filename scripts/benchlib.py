@@ -50,8 +50,8 @@ def null_latency(backend):
     return int(ns or 0) if name == "null" else None
 
 
-def start_vqblk(backend, image, sock, queues=1, iothreads=1, extra=()):
-    args = [VQBLK, "serve", "--socket", sock, "--queues", str(queues), "--iothreads", str(iothreads),
+def start_vqblk(backend, image, sock, queues=1, iothreads=1, extra=(), binary=None):
+    args = [binary or VQBLK, "serve", "--socket", sock, "--queues", str(queues), "--iothreads", str(iothreads),
             "--log-level", "warn", *extra]
     latency = null_latency(backend)
     if latency is not None:

@@ -35,9 +35,9 @@ mkdir -p target/tmp
 run_one() {
     local t="$1"
     local log="target/tmp/fuzz-$t.log"
+    local rc=0
     VQBLK_FUZZ_SECONDS="$seconds" cargo test --release --test "fuzz_$t" -- \
-        --nocapture --exact "fuzz_$t" >"$log" 2>&1
-    local rc=$?
+        --nocapture --exact "fuzz_$t" >"$log" 2>&1 || rc=$?
     local line
     line=$(grep -E "^fuzz $t: [0-9]+ executions" "$log" | tail -1 || true)
     if [[ -z "$line" ]]; then

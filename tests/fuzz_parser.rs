@@ -33,7 +33,7 @@ use vm_memory::{Bytes, GuestAddress};
 use vqblk_daemon::virtio::request::{parse, Limits, Operation, RequestError, Segment};
 
 use fuzz::guarded::Guarded;
-use fuzz::ring::{Blob, Desc, Shape, Table};
+use fuzz::ring::{queue_size, Blob, Desc, Shape, Table};
 use fuzz::Outcome;
 
 /// The ring (descriptor table, avail, used) sits at guest address 0.
@@ -104,11 +104,6 @@ struct ParserCase {
     tables: Vec<Table>,
     /// Headers, ranges and noise.
     blobs: Vec<Blob>,
-}
-
-/// Queue size from a selector: 16 for 0 (the input ran out), else 2^(n % 9).
-fn queue_size(n: u8) -> u16 {
-    [16, 1, 2, 4, 8, 32, 64, 128, 256][n as usize % 9]
 }
 
 fn mem() -> &'static Guarded {

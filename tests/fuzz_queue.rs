@@ -44,7 +44,7 @@ use vqblk_daemon::iothread::{
 use vqblk_daemon::virtio::request::Limits;
 
 use fuzz::guarded::{le_u16, Guarded, Snapshot};
-use fuzz::ring::{in_writable, walk, Blob, Desc, Shape, Table, WRITE};
+use fuzz::ring::{in_writable, queue_size, walk, Blob, Desc, Shape, Table, WRITE};
 use fuzz::Outcome;
 
 /// Longest a pass over one ring may take (a null backend pass takes
@@ -125,10 +125,6 @@ struct QueueCase {
     /// Bytes written at the start of the used ring (flags, idx) and avail flags.
     avail_flags: u16,
     avail_used_event: u16,
-}
-
-fn queue_size(n: u8) -> u16 {
-    [16, 1, 2, 4, 8, 32, 64, 128, 256][n as usize % 9]
 }
 
 /// A ring laid out in memory, before the IOThread sees it.

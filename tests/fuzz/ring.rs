@@ -16,6 +16,11 @@ pub const WRITE: u16 = 2;
 /// Points at an indirect table.
 pub const INDIRECT: u16 = 4;
 
+/// Queue size from a selector: 16 for 0 (the input ran out), else 2^(n % 9).
+pub fn queue_size(n: u8) -> u16 {
+    [16, 1, 2, 4, 8, 32, 64, 128, 256][n as usize % 9]
+}
+
 /// A guest address.
 #[derive(Arbitrary, Debug, Clone, Copy)]
 pub enum Addr {

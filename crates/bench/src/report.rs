@@ -184,16 +184,12 @@ mod tests {
         assert_eq!(g.cpu.sleeps, 3);
     }
 
-    #[test]
-    fn the_json_reports_client_sleeps_per_request() {
-        let mut b = job(1, None);
-        b.name = "k".into();
-        b.cpu.sleeps = 4;
-        b.read.record(4096, 1, 2);
-        let r = Report {
+    /// A report of `jobs` with every run-wide field empty.
+    fn report(jobs: Vec<JobReport>) -> Report {
+        Report {
             timestamp: 0,
             timestamp_ms: 0,
-            jobs: vec![job(1, None), b],
+            jobs,
             elapsed: Duration::ZERO,
             client_cpu: CpuTimes::default(),
             server_cpu: None,
@@ -202,7 +198,16 @@ mod tests {
             verify: None,
             targets: Vec::new(),
             group_reporting: false,
-        };
+        }
+    }
+
+    #[test]
+    fn the_json_reports_client_sleeps_per_request() {
+        let mut b = job(1, None);
+        b.name = "k".into();
+        b.cpu.sleeps = 4;
+        b.read.record(4096, 1, 2);
+        let r = report(vec![job(1, None), b]);
         let v = serde_json::to_value(crate::output::to_json(&r)).unwrap();
         let vq = &v["vqblk"];
         // 1 + 4 sleeps over 1 + 2 requests.
@@ -214,19 +219,7 @@ mod tests {
 
     #[test]
     fn exit_code_is_one_on_io_errors() {
-        let mut r = Report {
-            timestamp: 0,
-            timestamp_ms: 0,
-            jobs: vec![job(1, None)],
-            elapsed: Duration::ZERO,
-            client_cpu: CpuTimes::default(),
-            server_cpu: None,
-            server_pid: None,
-            server_threads: Vec::new(),
-            verify: None,
-            targets: Vec::new(),
-            group_reporting: false,
-        };
+        let mut r = report(vec![job(1, None)]);
         assert_eq!((r.exit_code(), r.total_ios()), (0, 1));
         r.jobs.push(job(1, Some("eio")));
         assert_eq!(r.exit_code(), 1);

@@ -3,14 +3,7 @@
 
 /// Bytes per second as fio prints them: `196MiB/s`.
 pub fn human_bw(bytes_per_s: f64) -> String {
-    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = bytes_per_s;
-    let mut i = 0;
-    while v >= 1024.0 * 9.995 && i + 1 < units.len() {
-        v /= 1024.0;
-        i += 1;
-    }
-    format!("{}{}/s", three_digits(v), units[i])
+    format!("{}/s", binary(bytes_per_s))
 }
 
 /// A decimal count with fio's `k`/`M` suffixes: `50.1k`.
@@ -37,8 +30,13 @@ fn three_digits(v: f64) -> String {
 
 /// A byte count with binary suffixes, as fio prints transferred sizes: `1024MiB`.
 pub fn human_bytes(b: u64) -> String {
+    binary(b as f64)
+}
+
+/// Bytes with the largest binary unit that keeps four digits or fewer: `196MiB`.
+fn binary(bytes: f64) -> String {
     let units = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
+    let mut v = bytes;
     let mut i = 0;
     while v >= 1024.0 * 9.995 && i + 1 < units.len() {
         v /= 1024.0;

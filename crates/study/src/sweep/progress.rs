@@ -6,12 +6,9 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::host::hms;
 
-/// Counts the runs done and shows them.
+/// Counts the runs done and shows them. The bar holds the counts (its length is
+/// the runs planned, its position the runs done), drawn or not.
 pub(super) struct Progress {
-    /// Runs planned.
-    pub(super) total: usize,
-    /// Runs done (measured, warm-up or given up).
-    pub(super) done: usize,
     started: Instant,
     /// Seconds per run before the first one finished.
     estimate_s: f64,
@@ -33,8 +30,6 @@ impl Progress {
             .progress_chars("#-");
         bar.set_style(style);
         Progress {
-            total,
-            done: 0,
             started: Instant::now(),
             estimate_s,
             bar,
@@ -46,11 +41,22 @@ impl Progress {
         !self.bar.is_hidden()
     }
 
+    /// Runs done (measured, warm-up or given up).
+    pub(super) fn done(&self) -> usize {
+        self.bar.position() as usize
+    }
+
+    /// Runs planned.
+    fn total(&self) -> usize {
+        self.bar.length().unwrap_or(0) as usize
+    }
+
     /// Time left, from the mean run time so far (the estimate before the first).
     pub(super) fn eta(&self) -> Duration {
-        let left = (self.total - self.done) as f64;
-        let per = if self.done > 0 {
-            self.started.elapsed().as_secs_f64() / self.done as f64
+        let done = self.done();
+        let left = (self.total() - done) as f64;
+        let per = if done > 0 {
+            self.started.elapsed().as_secs_f64() / done as f64
         } else {
             self.estimate_s
         };
@@ -59,7 +65,6 @@ impl Progress {
 
     /// One more run done; `what` names the cell.
     pub(super) fn tick(&mut self, what: &str) {
-        self.done += 1;
         self.bar.set_message(what.to_string());
         self.bar.inc(1);
     }
@@ -74,8 +79,8 @@ impl Progress {
         if !self.is_bar() {
             self.line(&format!(
                 "vqblk sweep: {what}: {mean_mb_s:.1} MB/s ({runs} runs) [{}/{} runs, ETA {}]",
-                self.done,
-                self.total,
+                self.done(),
+                self.total(),
                 hms(self.eta())
             ));
         }

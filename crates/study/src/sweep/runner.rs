@@ -408,7 +408,7 @@ impl<'a> Sweep<'a> {
         eprintln!(
             "vqblk sweep: done in {}: {} runs, {retried} retried, {failures} failed for good; results in {}",
             hms(self.started.elapsed()),
-            self.progress.done,
+            self.progress.done(),
             results.display()
         );
         i32::from(failures > 0)
