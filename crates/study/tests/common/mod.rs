@@ -12,6 +12,24 @@ fn mtime(p: &Path) -> SystemTime {
         .unwrap_or(SystemTime::UNIX_EPOCH)
 }
 
+/// The newest modification time of the files under `dir`, subfolders
+/// (`src/sweep/`) included.
+fn newest(dir: &Path) -> SystemTime {
+    std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .filter_map(|e| e.ok())
+        .map(|e| {
+            let p = e.path();
+            if p.is_dir() {
+                newest(&p)
+            } else {
+                mtime(&p)
+            }
+        })
+        .max()
+        .unwrap_or(SystemTime::UNIX_EPOCH)
+}
+
 /// The `vqblk` binary: `$VQBLK_BIN`, else the one next to this test's target
 /// directory (`<target>/<profile>/vqblk`), else `../../target/{release,debug}/vqblk`.
 /// This crate is a library, so `cargo test -p vqblk-study` does not build the binary:
@@ -44,12 +62,7 @@ pub fn vqblk_bin() -> PathBuf {
         "VQBLK_BIN={} is not a file",
         found.display()
     );
-    let newest_src = std::fs::read_dir(manifest.join("src"))
-        .expect("crates/study/src")
-        .filter_map(|e| e.ok())
-        .map(|e| mtime(&e.path()))
-        .max()
-        .unwrap_or(SystemTime::UNIX_EPOCH);
+    let newest_src = newest(&manifest.join("src"));
     assert!(
         mtime(&found) >= newest_src,
         "{} is older than crates/study/src: rebuild it (`cargo build -p vqblk`) so the test runs the current code",
