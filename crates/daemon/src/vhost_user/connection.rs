@@ -20,9 +20,7 @@ use vhost::VhostUserMemoryRegionBase;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{GuestAddress, GuestAddressSpace, GuestRegionMmap};
 
-use super::memory::{
-    check_disjoint, check_region, vmm_va_to_gpa, AddrMapping, RegionDesc, Sealing,
-};
+use super::memory::{check_disjoint, check_region, vmm_va_to_gpa, AddrMapping, Sealing};
 use super::ExportShared;
 use crate::inflight::{InflightLayout, InflightRegion};
 use crate::iothread::{
@@ -108,7 +106,7 @@ impl Connection {
     /// against each other's frontend addresses.
     fn check_regions(
         &mut self,
-        regions: &[RegionDesc],
+        regions: &[VhostUserMemoryRegion],
         files: &[File],
         existing: &[AddrMapping],
     ) -> VhostResult<Vec<AddrMapping>> {
@@ -388,19 +386,10 @@ impl VhostUserBackendReqHandlerMut for Connection {
         }
         // The crate already bounds the table (32 regions, one fd each, 4 KiB
         // message); every region is checked against its file before mapping.
-        let descs: Vec<RegionDesc> = ctx
-            .iter()
-            .map(|r| RegionDesc {
-                gpa: r.guest_phys_addr,
-                size: r.memory_size,
-                user_addr: r.user_addr,
-                mmap_offset: r.mmap_offset,
-            })
-            .collect();
-        if descs.len() != files.len() {
+        if ctx.len() != files.len() {
             return Err(invalid("one fd per memory region"));
         }
-        let mappings = self.check_regions(&descs, &files, &[])?;
+        let mappings = self.check_regions(ctx, &files, &[])?;
         let mut regions = Vec::new();
         for (region, file) in ctx.iter().zip(files) {
             let r = GuestRegionMmap::new(
@@ -665,14 +654,12 @@ impl VhostUserBackendReqHandlerMut for Connection {
             );
             return Err(invalid("no free memory slot"));
         }
-        let desc = RegionDesc {
-            gpa: region.guest_phys_addr,
-            size: region.memory_size,
-            user_addr: region.user_addr,
-            mmap_offset: region.mmap_offset,
-        };
         let existing = std::mem::take(&mut self.mappings);
-        let checked = self.check_regions(&[desc], std::slice::from_ref(&fd), &existing);
+        let checked = self.check_regions(
+            std::slice::from_ref(region),
+            std::slice::from_ref(&fd),
+            &existing,
+        );
         self.mappings = existing;
         let mapping = checked?;
         let r = Arc::new(
