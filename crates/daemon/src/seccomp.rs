@@ -197,6 +197,10 @@ pub fn allowed(kind: ThreadKind) -> Vec<libc::c_long> {
 
 /// Compiles the filter of `kind`, taking `mismatch` for any call not in [`allowed`].
 pub fn program(kind: ThreadKind, mismatch: SeccompAction) -> Result<BpfProgram, SeccompError> {
+    let backend = |e| SeccompError::Filter {
+        kind,
+        source: seccompiler::Error::Backend(e),
+    };
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
         allowed(kind).into_iter().map(|nr| (nr, vec![])).collect();
     if kind == ThreadKind::Control {
@@ -204,21 +208,12 @@ pub fn program(kind: ThreadKind, mismatch: SeccompAction) -> Result<BpfProgram, 
         let fionread =
             SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, libc::FIONREAD)
                 .and_then(|c| SeccompRule::new(vec![c]))
-                .map_err(|e| SeccompError::Filter {
-                    kind,
-                    source: seccompiler::Error::Backend(e),
-                })?;
+                .map_err(backend)?;
         rules.insert(libc::SYS_ioctl, vec![fionread]);
     }
     let filter = SeccompFilter::new(rules, mismatch, SeccompAction::Allow, target_arch()?)
-        .map_err(|e| SeccompError::Filter {
-            kind,
-            source: seccompiler::Error::Backend(e),
-        })?;
-    filter.try_into().map_err(|e| SeccompError::Filter {
-        kind,
-        source: seccompiler::Error::Backend(e),
-    })
+        .map_err(backend)?;
+    filter.try_into().map_err(backend)
 }
 
 /// Installs the filter of `kind` on the calling thread (and the threads it starts later).
@@ -349,7 +344,7 @@ fn install_sigsys_handler() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         // SAFETY: a zeroed sigaction is a valid starting value; the handler only makes
-        // async-signal-safe calls (prctl, write, _exit) on stack buffers.
+        // async-signal-safe calls (write, _exit) on stack buffers.
         unsafe {
             let mut sa: libc::sigaction = std::mem::zeroed();
             sa.sa_sigaction = on_sigsys as *const () as usize;
