@@ -103,19 +103,20 @@ impl Connection {
     }
 
     /// Checks the regions of a memory message against their files and
-    /// against each other's frontend addresses.
+    /// against each other's and `existing`'s frontend addresses; returns
+    /// `existing` with the new regions' mappings appended.
     fn check_regions(
         &mut self,
         regions: &[VhostUserMemoryRegion],
         files: &[File],
-        existing: &[AddrMapping],
+        existing: Vec<AddrMapping>,
     ) -> VhostResult<Vec<AddrMapping>> {
         let name = self.export.device.name.clone();
         let refuse = |e: super::memory::RegionError| {
             warn!("{name}: memory region refused: {e}");
             invalid(&e.to_string())
         };
-        let mut mappings = existing.to_vec();
+        let mut mappings = existing;
         for (i, (r, file)) in regions.iter().zip(files).enumerate() {
             let sealing = check_region(i, r, file).map_err(refuse)?;
             let m = AddrMapping::of(r);
@@ -130,7 +131,7 @@ impl Connection {
                 );
             }
         }
-        Ok(mappings.split_off(existing.len()))
+        Ok(mappings)
     }
 
     fn vring(&mut self, index: u32) -> VhostResult<&mut Vring> {
@@ -389,7 +390,7 @@ impl VhostUserBackendReqHandlerMut for Connection {
         if ctx.len() != files.len() {
             return Err(invalid("one fd per memory region"));
         }
-        let mappings = self.check_regions(ctx, &files, &[])?;
+        let mappings = self.check_regions(ctx, &files, Vec::new())?;
         let mut regions = Vec::new();
         for (region, file) in ctx.iter().zip(files) {
             let r = GuestRegionMmap::new(
@@ -654,14 +655,11 @@ impl VhostUserBackendReqHandlerMut for Connection {
             );
             return Err(invalid("no free memory slot"));
         }
-        let existing = std::mem::take(&mut self.mappings);
-        let checked = self.check_regions(
+        let mappings = self.check_regions(
             std::slice::from_ref(region),
             std::slice::from_ref(&fd),
-            &existing,
-        );
-        self.mappings = existing;
-        let mapping = checked?;
+            self.mappings.clone(),
+        )?;
         let r = Arc::new(
             GuestRegionMmap::new(
                 region.mmap_region(fd)?,
@@ -674,7 +672,7 @@ impl VhostUserBackendReqHandlerMut for Connection {
             invalid(&e.to_string())
         })?;
         self.publish_memory(mem);
-        self.mappings.extend(mapping);
+        self.mappings = mappings;
         Ok(None)
     }
 
