@@ -58,7 +58,6 @@ pub struct Connection {
     vrings: Vec<Vring>,
     owned: bool,
     acked_features: u64,
-    acked_protocol_features: u64,
     /// A region that cannot be sealed against shrinking was logged already.
     told_unsealed: bool,
     /// The inflight region (INFLIGHT_SHMFD): from GET_INFLIGHT_FD or
@@ -83,7 +82,6 @@ impl Connection {
             vrings: (0..n).map(|_| Vring::default()).collect(),
             owned: false,
             acked_features: 0,
-            acked_protocol_features: 0,
             told_unsealed: false,
             inflight: None,
         }
@@ -505,8 +503,9 @@ impl VhostUserBackendReqHandlerMut for Connection {
             | VhostUserProtocolFeatures::INFLIGHT_SHMFD)
     }
 
-    fn set_protocol_features(&mut self, features: u64) -> VhostResult<()> {
-        self.acked_protocol_features = features;
+    fn set_protocol_features(&mut self, _features: u64) -> VhostResult<()> {
+        // The crate keeps the acked set (it decides on REPLY_ACK itself);
+        // nothing here depends on it.
         Ok(())
     }
 
