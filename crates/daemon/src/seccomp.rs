@@ -197,6 +197,10 @@ pub fn allowed(kind: ThreadKind) -> Vec<libc::c_long> {
 
 /// Compiles the filter of `kind`, taking `mismatch` for any call not in [`allowed`].
 pub fn program(kind: ThreadKind, mismatch: SeccompAction) -> Result<BpfProgram, SeccompError> {
+    let backend = |e| SeccompError::Filter {
+        kind,
+        source: seccompiler::Error::Backend(e),
+    };
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
         allowed(kind).into_iter().map(|nr| (nr, vec![])).collect();
     if kind == ThreadKind::Control {
@@ -204,21 +208,12 @@ pub fn program(kind: ThreadKind, mismatch: SeccompAction) -> Result<BpfProgram, 
         let fionread =
             SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, libc::FIONREAD)
                 .and_then(|c| SeccompRule::new(vec![c]))
-                .map_err(|e| SeccompError::Filter {
-                    kind,
-                    source: seccompiler::Error::Backend(e),
-                })?;
+                .map_err(backend)?;
         rules.insert(libc::SYS_ioctl, vec![fionread]);
     }
     let filter = SeccompFilter::new(rules, mismatch, SeccompAction::Allow, target_arch()?)
-        .map_err(|e| SeccompError::Filter {
-            kind,
-            source: seccompiler::Error::Backend(e),
-        })?;
-    filter.try_into().map_err(|e| SeccompError::Filter {
-        kind,
-        source: seccompiler::Error::Backend(e),
-    })
+        .map_err(backend)?;
+    filter.try_into().map_err(backend)
 }
 
 /// Installs the filter of `kind` on the calling thread (and the threads it starts later).
@@ -233,7 +228,7 @@ pub fn apply(kind: ThreadKind, mode: SeccompMode) -> Result<(), SeccompError> {
     };
     let prog = program(kind, mismatch)?;
     install_panic_hook();
-    KIND.with(|k| k.set(kind as u8 + 1));
+    KIND.with(|k| k.set(Some(kind)));
     seccompiler::apply_filter(&prog).map_err(|source| SeccompError::Filter { kind, source })?;
     log::debug!("seccomp: {kind:?} filter installed ({mode:?})");
     Ok(())
@@ -264,10 +259,10 @@ pub fn probe(mode: SeccompMode) -> Result<(), SeccompError> {
 }
 
 thread_local! {
-    /// The kind of the filter this thread installed (1 + [`ThreadKind`] as
-    /// u8; 0: none), for the SIGSYS handler. Const-initialised, no
-    /// destructor: reading it from a signal handler allocates nothing.
-    static KIND: Cell<u8> = const { Cell::new(0) };
+    /// The kind of the filter this thread installed (None: none), for the
+    /// SIGSYS handler. Const-initialised, no destructor: reading it from a
+    /// signal handler allocates nothing.
+    static KIND: Cell<Option<ThreadKind>> = const { Cell::new(None) };
 }
 
 /// Offset of `si_syscall` in a SIGSYS `siginfo_t` on 64-bit Linux: three `int`s and
@@ -296,10 +291,10 @@ extern "C" fn on_sigsys(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mu
     // this handler would kill the process without a word.
     put(b"vqblk: seccomp: a ");
     put(match KIND.with(Cell::get) {
-        1 => b"control",
-        2 => b"IOThread",
-        3 => b"worker",
-        _ => b"daemon",
+        Some(ThreadKind::Control) => b"control",
+        Some(ThreadKind::IoThread) => b"IOThread",
+        Some(ThreadKind::Worker) => b"worker",
+        None => b"daemon",
     });
     put(b" thread made forbidden system call ");
     let mut digits = [0u8; 12];
@@ -332,7 +327,7 @@ fn install_panic_hook() {
     ONCE.call_once(|| {
         let default = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
-            if KIND.with(Cell::get) == 0 {
+            if KIND.with(Cell::get).is_none() {
                 return default(info);
             }
             let t = std::thread::current();
@@ -349,7 +344,7 @@ fn install_sigsys_handler() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         // SAFETY: a zeroed sigaction is a valid starting value; the handler only makes
-        // async-signal-safe calls (prctl, write, _exit) on stack buffers.
+        // async-signal-safe calls (write, _exit) on stack buffers.
         unsafe {
             let mut sa: libc::sigaction = std::mem::zeroed();
             sa.sa_sigaction = on_sigsys as *const () as usize;

@@ -20,9 +20,7 @@ use vhost::VhostUserMemoryRegionBase;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{GuestAddress, GuestAddressSpace, GuestRegionMmap};
 
-use super::memory::{
-    check_disjoint, check_region, vmm_va_to_gpa, AddrMapping, RegionDesc, Sealing,
-};
+use super::memory::{check_disjoint, check_region, vmm_va_to_gpa, AddrMapping, Sealing};
 use super::ExportShared;
 use crate::inflight::{InflightLayout, InflightRegion};
 use crate::iothread::{
@@ -60,7 +58,6 @@ pub struct Connection {
     vrings: Vec<Vring>,
     owned: bool,
     acked_features: u64,
-    acked_protocol_features: u64,
     /// A region that cannot be sealed against shrinking was logged already.
     told_unsealed: bool,
     /// The inflight region (INFLIGHT_SHMFD): from GET_INFLIGHT_FD or
@@ -85,7 +82,6 @@ impl Connection {
             vrings: (0..n).map(|_| Vring::default()).collect(),
             owned: false,
             acked_features: 0,
-            acked_protocol_features: 0,
             told_unsealed: false,
             inflight: None,
         }
@@ -105,19 +101,20 @@ impl Connection {
     }
 
     /// Checks the regions of a memory message against their files and
-    /// against each other's frontend addresses.
+    /// against each other's and `existing`'s frontend addresses; returns
+    /// `existing` with the new regions' mappings appended.
     fn check_regions(
         &mut self,
-        regions: &[RegionDesc],
+        regions: &[VhostUserMemoryRegion],
         files: &[File],
-        existing: &[AddrMapping],
+        existing: Vec<AddrMapping>,
     ) -> VhostResult<Vec<AddrMapping>> {
         let name = self.export.device.name.clone();
         let refuse = |e: super::memory::RegionError| {
             warn!("{name}: memory region refused: {e}");
             invalid(&e.to_string())
         };
-        let mut mappings = existing.to_vec();
+        let mut mappings = existing;
         for (i, (r, file)) in regions.iter().zip(files).enumerate() {
             let sealing = check_region(i, r, file).map_err(refuse)?;
             let m = AddrMapping::of(r);
@@ -132,7 +129,7 @@ impl Connection {
                 );
             }
         }
-        Ok(mappings.split_off(existing.len()))
+        Ok(mappings)
     }
 
     fn vring(&mut self, index: u32) -> VhostResult<&mut Vring> {
@@ -388,19 +385,10 @@ impl VhostUserBackendReqHandlerMut for Connection {
         }
         // The crate already bounds the table (32 regions, one fd each, 4 KiB
         // message); every region is checked against its file before mapping.
-        let descs: Vec<RegionDesc> = ctx
-            .iter()
-            .map(|r| RegionDesc {
-                gpa: r.guest_phys_addr,
-                size: r.memory_size,
-                user_addr: r.user_addr,
-                mmap_offset: r.mmap_offset,
-            })
-            .collect();
-        if descs.len() != files.len() {
+        if ctx.len() != files.len() {
             return Err(invalid("one fd per memory region"));
         }
-        let mappings = self.check_regions(&descs, &files, &[])?;
+        let mappings = self.check_regions(ctx, &files, Vec::new())?;
         let mut regions = Vec::new();
         for (region, file) in ctx.iter().zip(files) {
             let r = GuestRegionMmap::new(
@@ -515,8 +503,9 @@ impl VhostUserBackendReqHandlerMut for Connection {
             | VhostUserProtocolFeatures::INFLIGHT_SHMFD)
     }
 
-    fn set_protocol_features(&mut self, features: u64) -> VhostResult<()> {
-        self.acked_protocol_features = features;
+    fn set_protocol_features(&mut self, _features: u64) -> VhostResult<()> {
+        // The crate keeps the acked set (it decides on REPLY_ACK itself);
+        // nothing here depends on it.
         Ok(())
     }
 
@@ -665,16 +654,11 @@ impl VhostUserBackendReqHandlerMut for Connection {
             );
             return Err(invalid("no free memory slot"));
         }
-        let desc = RegionDesc {
-            gpa: region.guest_phys_addr,
-            size: region.memory_size,
-            user_addr: region.user_addr,
-            mmap_offset: region.mmap_offset,
-        };
-        let existing = std::mem::take(&mut self.mappings);
-        let checked = self.check_regions(&[desc], std::slice::from_ref(&fd), &existing);
-        self.mappings = existing;
-        let mapping = checked?;
+        let mappings = self.check_regions(
+            std::slice::from_ref(region),
+            std::slice::from_ref(&fd),
+            self.mappings.clone(),
+        )?;
         let r = Arc::new(
             GuestRegionMmap::new(
                 region.mmap_region(fd)?,
@@ -687,7 +671,7 @@ impl VhostUserBackendReqHandlerMut for Connection {
             invalid(&e.to_string())
         })?;
         self.publish_memory(mem);
-        self.mappings.extend(mapping);
+        self.mappings = mappings;
         Ok(None)
     }
 

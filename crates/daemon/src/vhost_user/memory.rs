@@ -21,6 +21,8 @@ use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
 
+use vhost::vhost_user::message::VhostUserMemoryRegion;
+
 /// Why a memory region was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum RegionError {
@@ -102,36 +104,27 @@ pub enum Sealing {
     Unsealed,
 }
 
-/// A region as the frontend described it.
-#[derive(Debug, Clone, Copy)]
-pub struct RegionDesc {
-    /// Guest physical address.
-    pub gpa: u64,
-    /// Size in bytes.
-    pub size: u64,
-    /// Address in the frontend's address space (used to translate vring addresses).
-    pub user_addr: u64,
-    /// Offset of the region in its file.
-    pub mmap_offset: u64,
-}
-
 /// Checks `r` (region `index` of a message) against its file, sealing the
 /// file against shrinking first where possible. Call before mapping.
-pub fn check_region(index: usize, r: &RegionDesc, file: &File) -> Result<Sealing, RegionError> {
-    if r.size == 0 {
+pub fn check_region(
+    index: usize,
+    r: &VhostUserMemoryRegion,
+    file: &File,
+) -> Result<Sealing, RegionError> {
+    if r.memory_size == 0 {
         return Err(RegionError::Empty { index });
     }
     for (what, start) in [
-        ("guest address", r.gpa),
+        ("guest address", r.guest_phys_addr),
         ("frontend address", r.user_addr),
         ("mmap offset", r.mmap_offset),
     ] {
-        if start.checked_add(r.size).is_none() || usize::try_from(r.size).is_err() {
+        if start.checked_add(r.memory_size).is_none() || usize::try_from(r.memory_size).is_err() {
             return Err(RegionError::Overflow {
                 index,
                 what,
                 start,
-                size: r.size,
+                size: r.memory_size,
             });
         }
     }
@@ -147,12 +140,12 @@ pub fn check_region(index: usize, r: &RegionDesc, file: &File) -> Result<Sealing
         .metadata()
         .map_err(|source| RegionError::Stat { index, source })?
         .len();
-    let end = r.mmap_offset + r.size; // no overflow: checked above
+    let end = r.mmap_offset + r.memory_size; // no overflow: checked above
     if end > file_size {
         return Err(RegionError::BeyondEof {
             index,
             offset: r.mmap_offset,
-            size: r.size,
+            size: r.memory_size,
             file_size,
         });
     }
@@ -198,11 +191,11 @@ pub struct AddrMapping {
 
 impl AddrMapping {
     /// The mapping of region `r`.
-    pub fn of(r: &RegionDesc) -> Self {
+    pub fn of(r: &VhostUserMemoryRegion) -> Self {
         AddrMapping {
             vmm_addr: r.user_addr,
-            size: r.size,
-            gpa_base: r.gpa,
+            size: r.memory_size,
+            gpa_base: r.guest_phys_addr,
         }
     }
 
@@ -251,13 +244,8 @@ mod tests {
         f
     }
 
-    fn region(size: u64, offset: u64) -> RegionDesc {
-        RegionDesc {
-            gpa: 0,
-            size,
-            user_addr: 0x7000_0000,
-            mmap_offset: offset,
-        }
+    fn region(size: u64, offset: u64) -> VhostUserMemoryRegion {
+        VhostUserMemoryRegion::new(0, size, 0x7000_0000, offset)
     }
 
     #[test]
