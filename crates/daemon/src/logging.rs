@@ -47,18 +47,25 @@ struct Window {
 impl RateLimit {
     /// Decides about a line of `target` logged at `now`.
     pub fn check(&mut self, target: &str, now: Instant) -> Verdict {
-        if !self.targets.contains_key(target) && self.targets.len() >= MAX_TARGETS {
-            self.targets
-                .retain(|_, w| now.saturating_duration_since(w.start) < WINDOW);
+        // Look up by &str first: a String is allocated only for a new target,
+        // not for every line of a flood.
+        if !self.targets.contains_key(target) {
+            if self.targets.len() >= MAX_TARGETS {
+                self.targets
+                    .retain(|_, w| now.saturating_duration_since(w.start) < WINDOW);
+            }
+            self.targets.insert(
+                target.to_string(),
+                Window {
+                    start: now,
+                    written: 0,
+                    suppressed: 0,
+                },
+            );
         }
-        let w = self
-            .targets
-            .entry(target.to_string())
-            .or_insert_with(|| Window {
-                start: now,
-                written: 0,
-                suppressed: 0,
-            });
+        let Some(w) = self.targets.get_mut(target) else {
+            return Verdict::Drop;
+        };
         if now.saturating_duration_since(w.start) >= WINDOW {
             w.start = now;
             w.written = 0;
