@@ -123,6 +123,13 @@ command -v dpkg-deb >/dev/null 2>&1 || need_pkgs+=(dpkg)
 command -v depmod >/dev/null 2>&1 || need_pkgs+=(kmod)
 # Headless browser for the HTML report test (crates/study/tests/html_chromium.rs).
 [ -x /usr/bin/chromium ] || need_pkgs+=(chromium)
+# promtool checks the Prometheus endpoint (tests/metrics.rs).
+command -v promtool >/dev/null 2>&1 || need_pkgs+=(prometheus)
+# The throw-away Ceph cluster of the RBD tests (scripts/ceph/start.sh) and
+# librbd, which vqblk loads at run time for `--backend rbd`.
+for p in ceph-mon ceph-osd ceph-common librbd1 librados2 uuid-runtime bc; do
+    pkg_installed "$p" || need_pkgs+=("$p")
+done
 
 need_qemu=0
 [ "$(qemu_major)" -ge 10 ] || need_qemu=1
@@ -166,6 +173,18 @@ else
         exit 1
     fi
     did+=("installed $(qemu-system-x86_64 --version | head -n1)")
+fi
+
+# ---------------------------------------------------------------- qemu-storage-daemon's rbd driver
+# qemu-block-extra must match qemu-utils (bookworm-backports): the RBD benchmark
+# runs qemu-storage-daemon's own rbd driver against vqblk's.
+if pkg_installed qemu-block-extra; then
+    log "qemu-block-extra: already present"
+else
+    apt_update_once
+    log "installing qemu-block-extra from bookworm-backports"
+    apt_install -t bookworm-backports qemu-block-extra
+    did+=("installed qemu-block-extra")
 fi
 
 # ---------------------------------------------------------------- guest kernel
