@@ -17,8 +17,8 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::executor::{Executor, SlotId};
 use super::queue::Popped;
-use super::queue::{QueueSlot, Queues};
-use super::{Command, GuestMem, IoThreadSetup, QueueAttach};
+use super::queue::{QueueSlot, Queues, Release};
+use super::{Command, GuestMem, HandedOver, IoThreadSetup, QueueAttach, QueueKey};
 use crate::block::clock_ns;
 use crate::poll::{PollMode, PollPolicy};
 use crate::stats::IoThreadStats;
@@ -464,17 +464,29 @@ impl IoThread {
             match cmd {
                 Command::Attach(a) => self.attach(*a),
                 Command::Detach { key, reply } => {
-                    match self.queues.find(key).and_then(|id| self.queues.get_mut(id)) {
-                        Some(q) => {
-                            let _ = self.epoll.ctl(
-                                ControlOperation::Delete,
-                                q.kick.as_raw_fd(),
-                                EpollEvent::default(),
-                            );
-                            q.detach = Some(reply);
+                    // Never attached here: nothing to drain (the reply is dropped).
+                    self.release(key, Release::Detach(reply));
+                }
+                Command::Handover { key, to, reply } => {
+                    let inflight = self
+                        .queues
+                        .find(key)
+                        .and_then(|id| self.queues.get(id))
+                        .map(|q| q.inflight);
+                    match inflight {
+                        Some(drained) => self.release(
+                            key,
+                            Release::Handover {
+                                to,
+                                reply,
+                                drained,
+                                since: Instant::now(),
+                            },
+                        ),
+                        // Not served here (the ring is not started): nothing moves.
+                        None => {
+                            let _ = reply.send(None);
                         }
-                        // Never attached here: nothing to drain.
-                        None => drop(reply),
                     }
                 }
                 Command::SetCall { key, call } => {
@@ -494,6 +506,20 @@ impl IoThread {
                     }
                 }
             }
+        }
+    }
+
+    /// Stops popping queue `key` and stops watching its kick fd; once its
+    /// in-flight requests are done, [`Self::finish_pass`] lets it go as
+    /// `why` says. A queue not served here is left alone.
+    fn release(&mut self, key: QueueKey, why: Release) {
+        if let Some(q) = self.queues.find(key).and_then(|id| self.queues.get_mut(id)) {
+            let _ = self.epoll.ctl(
+                ControlOperation::Delete,
+                q.kick.as_raw_fd(),
+                EpollEvent::default(),
+            );
+            q.detach = Some(why);
         }
     }
 
@@ -572,12 +598,29 @@ impl IoThread {
                 "{}: released {} queue {}",
                 self.name, q.device.name, q.key.queue
             );
-            // The slot (and its inflight record) is gone before the reply: the
-            // transport may attach the queue again as soon as it has it.
-            let (next_avail, reply) = (q.next_avail(), q.detach.take());
-            drop(q);
-            if let Some(reply) = reply {
-                let _ = reply.send(next_avail);
+            match q.detach.take() {
+                // The slot (and its inflight record) is gone before the reply: the
+                // transport may attach the queue again as soon as it has it.
+                Some(Release::Detach(reply)) => {
+                    let next_avail = q.next_avail();
+                    drop(q);
+                    let _ = reply.send(next_avail);
+                }
+                // Its used entries are published and the guest notified
+                // (`notify` above): the ring goes to its new owner, which
+                // checks it at once, then the mover is told.
+                Some(Release::Handover {
+                    to,
+                    reply,
+                    drained,
+                    since,
+                }) => {
+                    to.send(Command::Attach(Box::new(q.into_attach())));
+                    let drain = since.elapsed();
+                    let _ = reply.send(Some(HandedOver { drained, drain }));
+                }
+                // Stopping.
+                None => drop(q),
             }
         }
     }

@@ -30,6 +30,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Sender, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use log::{error, warn};
 use virtio_queue::Queue;
@@ -154,8 +155,54 @@ pub enum Command {
         /// The new call fd.
         call: Option<File>,
     },
+    /// Move a queue to another IOThread while the guest runs: stop popping
+    /// it, wait for its in-flight requests (their used entries published and
+    /// the guest notified), then send the ring, as an [`Command::Attach`],
+    /// straight to `to`, and only then reply. The ring goes to `to` even if
+    /// nobody waits for the reply any more, so it can never be lost.
+    Handover {
+        /// Which queue.
+        key: QueueKey,
+        /// The IOThread that takes the queue over.
+        to: Mailbox,
+        /// Receives what the source did once the ring is on its way to `to`;
+        /// None: the queue is not served here (not started), nothing moved.
+        reply: SyncSender<Option<HandedOver>>,
+    },
     /// Drain everything and exit the thread.
     Stop,
+}
+
+/// What the source IOThread of a [`Command::Handover`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HandedOver {
+    /// Requests in flight when the handover began, completed before the ring
+    /// left.
+    pub drained: usize,
+    /// From the handover command to the ring's departure: how long no
+    /// IOThread popped the queue (the target pops at once on arrival).
+    pub drain: Duration,
+}
+
+/// Where commands to one IOThread go: its channel, its wake-up eventfd and
+/// its pending flag. Cloned into a [`Command::Handover`] so that the source
+/// IOThread hands a ring straight to the target.
+#[derive(Clone)]
+pub struct Mailbox {
+    tx: Sender<Command>,
+    wake: Arc<EventFd>,
+    pending: Arc<AtomicBool>,
+}
+
+impl Mailbox {
+    /// Sends a command and wakes the thread (a command to a thread that has
+    /// exited is dropped).
+    pub fn send(&self, cmd: Command) {
+        if self.tx.send(cmd).is_ok() {
+            self.pending.store(true, Ordering::Release);
+            let _ = self.wake.write(1);
+        }
+    }
 }
 
 /// The control plane's handle on one IOThread.
@@ -252,6 +299,15 @@ impl IoThreadHandle {
             pending,
             join: Some(join),
         })
+    }
+
+    /// Where to send this thread commands from another thread.
+    pub fn mailbox(&self) -> Mailbox {
+        Mailbox {
+            tx: self.tx.clone(),
+            wake: self.wake.clone(),
+            pending: self.pending.clone(),
+        }
     }
 
     /// Sends a command and wakes the thread.

@@ -15,7 +15,10 @@ use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestAddressSpace};
 
 use super::executor::{Executor, Finished, SlotId};
-use super::{BlockDevice, GuestMem, GuestMemHandle, QueueAttach, QueueKey};
+use super::{
+    BlockDevice, GuestMem, GuestMemHandle, HandedOver, InflightTracking, Mailbox, QueueAttach,
+    QueueKey,
+};
 use crate::inflight::InflightQueue;
 use crate::stats::{IoThreadStats, QueueCounters};
 use crate::virtio::request::{self, ReqKind};
@@ -38,6 +41,23 @@ pub enum Popped {
     More,
 }
 
+/// Why a queue stops being served here, once its in-flight requests are done.
+pub(super) enum Release {
+    /// GET_VRING_BASE, ring disable, disconnect: reply with the next avail index.
+    Detach(SyncSender<u16>),
+    /// `queue-move`: send the ring to another IOThread, then reply.
+    Handover {
+        /// The IOThread taking the queue.
+        to: Mailbox,
+        /// Told once the ring is on its way.
+        reply: SyncSender<Option<HandedOver>>,
+        /// Requests in flight when the handover began.
+        drained: usize,
+        /// When the handover began.
+        since: Instant,
+    },
+}
+
 /// A virtqueue served by this thread.
 pub(super) struct QueueSlot {
     /// Which queue.
@@ -55,8 +75,8 @@ pub(super) struct QueueSlot {
     pub inflight: usize,
     /// Used ring entries added since the last notification check.
     dirty: bool,
-    /// A Detach is waiting for this queue to drain.
-    pub detach: Option<SyncSender<u16>>,
+    /// A Detach or a Handover is waiting for this queue to drain.
+    pub detach: Option<Release>,
     /// The ring could not be accessed: stop touching it until detached.
     broken: bool,
     /// Guest notifications (kicks) are enabled: set before sleeping, cleared
@@ -91,6 +111,34 @@ impl QueueSlot {
             notify: true,
             record,
             resubmit: resubmit.into(),
+        }
+    }
+
+    /// The ring and everything that goes with it, for another IOThread to
+    /// serve (`queue-move`); called once the queue has nothing in flight.
+    /// Guest notifications are turned back on first: the new owner starts
+    /// with them on ([`QueueSlot::new`]) and sleeps on the kick fd, so a ring
+    /// left quiet by a polling source would never wake it. Heads a dead
+    /// daemon left that are not resubmitted yet go along, in order.
+    pub fn into_attach(mut self) -> QueueAttach {
+        debug_assert_eq!(self.inflight, 0, "a ring moves only once drained");
+        if !self.broken {
+            // Requests that arrived meanwhile are found by the new owner,
+            // which checks the ring as soon as it attaches it.
+            let _ = self.arm_or_break();
+        }
+        let inflight = self.record.map(|record| InflightTracking {
+            record,
+            resubmit: self.resubmit.into(),
+        });
+        QueueAttach {
+            key: self.key,
+            queue: self.queue,
+            kick: self.kick,
+            call: self.call,
+            mem: self.mem,
+            device: self.device,
+            inflight,
         }
     }
 

@@ -308,6 +308,21 @@ impl Rig {
         Some(data[offset as usize..offset as usize + len].to_vec())
     }
 
+    /// Takes the queue out of the rig, as a source IOThread hands it over
+    /// (`QueueSlot::into_attach`), with a real eventfd as its kick fd so that
+    /// an IOThread can watch it; returns the attach and a handle to kick with.
+    fn take_attach(&mut self) -> (QueueAttach, File) {
+        let slot = self.queues.remove(self.id).expect("the rig's queue");
+        let mut a = slot.into_attach();
+        // SAFETY: eventfd takes two integers and returns a new fd or -1.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK) };
+        assert!(fd >= 0, "eventfd: {}", std::io::Error::last_os_error());
+        // SAFETY: `fd` is a new descriptor owned by nobody else.
+        a.kick = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        let kick = a.kick.try_clone().unwrap();
+        (a, kick)
+    }
+
     /// What a read of `offset` must return.
     fn expected(&self, offset: u64, len: usize) -> Vec<u8> {
         self.disk(offset, len).unwrap_or_else(|| vec![0; len])
@@ -1202,4 +1217,145 @@ fn the_thread_counts_pops_publishes_and_suppressed_calls() {
         ),
         (4, 4, 2, 1)
     );
+}
+
+/// Writes the kick eventfd, as a driver does after making requests available.
+fn kick(fd: &File) {
+    use std::io::Write;
+    (&*fd).write_all(&1u64.to_ne_bytes()).unwrap();
+}
+
+/// Polls `cond` every millisecond for at most 10 s.
+fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    for _ in 0..10_000 {
+        if cond() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    panic!("timed out waiting until {what}");
+}
+
+/// `queue-move` at the engine level: a queue with requests in flight moves
+/// back and forth between two running IOThreads. Each handover answers only
+/// once every request popped before it is on the used ring; every request
+/// completes exactly once with its status; the thread that owns the queue
+/// counts its requests and the one that gave it away stops counting.
+#[test]
+fn a_queue_with_requests_in_flight_moves_between_iothreads() {
+    use super::{Command, HandedOver, IoThreadHandle, IoThreadSetup};
+    use std::sync::mpsc::sync_channel;
+
+    const PER_ROUND: u16 = 8;
+    const ROUNDS: u16 = 4;
+    for kind in ALL {
+        // Null: 100 ms latency keeps every request in flight at the handover.
+        let latency_ns = if kind == Kind::Null { 100_000_000 } else { 0 };
+        let mut r = Rig::with(
+            kind,
+            Opts {
+                latency_ns,
+                ..Opts::default()
+            },
+        );
+        let (attach, kick_fd) = r.take_attach();
+        let key = attach.key;
+        let threads = [
+            IoThreadHandle::spawn(0, IoThreadSetup::default()).unwrap(),
+            IoThreadHandle::spawn(1, IoThreadSetup::default()).unwrap(),
+        ];
+        let served = |t: usize| threads[t].stats.queue("t", 0).requests.get();
+        threads[0].send(Command::Attach(Box::new(attach)));
+        let mut reqs = Vec::new();
+        let mut counted = [0u64; 2];
+        for round in 0..ROUNDS {
+            let (from, to) = ((round % 2) as usize, ((round + 1) % 2) as usize);
+            for _ in 0..PER_ROUND {
+                let k = reqs.len() as u64;
+                reqs.push(r.push(req_type::IN, k, &[(DATA + 512 * k, 512, true)]));
+            }
+            kick(&kick_fd);
+            let popped = u64::from(PER_ROUND) * (u64::from(round) / 2 + 1);
+            wait_until("the owner popped the round", || {
+                threads[from].stats.popped.get() >= popped
+            });
+            let (tx, rx) = sync_channel(1);
+            threads[from].send(Command::Handover {
+                key,
+                to: threads[to].mailbox(),
+                reply: tx,
+            });
+            let done: HandedOver = rx
+                .recv_timeout(Duration::from_secs(10))
+                .expect("the handover answers")
+                .expect("the queue was served there");
+            // Drained: every request popped before the handover is used.
+            let total = PER_ROUND * (round + 1);
+            assert_eq!(r.used_idx(), total, "{kind:?} round {round}");
+            if kind == Kind::Null {
+                assert_eq!(done.drained, PER_ROUND as usize, "{kind:?} round {round}");
+            }
+            counted[from] += u64::from(PER_ROUND);
+            assert_eq!(served(from), counted[from], "{kind:?} round {round}");
+            assert_eq!(served(to), counted[to], "{kind:?} round {round}");
+        }
+        // The queue is on thread 0 again: it serves, thread 1 does not.
+        for _ in 0..PER_ROUND {
+            let k = reqs.len() as u64;
+            reqs.push(r.push(req_type::IN, k, &[(DATA + 512 * k, 512, true)]));
+        }
+        kick(&kick_fd);
+        let total = PER_ROUND * (ROUNDS + 1);
+        wait_until("the last round is used", || r.used_idx() == total);
+        assert_eq!(served(0), counted[0] + u64::from(PER_ROUND), "{kind:?}");
+        assert_eq!(served(1), counted[1], "{kind:?}");
+        // Every head exactly once, every status OK, every read's data.
+        let mut heads: Vec<u32> = (0..total)
+            .map(|i| {
+                let at = r.used + 4 + 8 * u64::from(i % QUEUE_SIZE);
+                r.mem.read_obj(GuestAddress(at)).unwrap()
+            })
+            .collect();
+        heads.sort_unstable();
+        // A ring of 64 reuses descriptor indexes: count each head's uses.
+        let mut want: Vec<u32> = reqs.iter().map(|q| u32::from(q.head)).collect();
+        want.sort_unstable();
+        // The used ring keeps only the last 64 entries.
+        if total <= QUEUE_SIZE {
+            assert_eq!(heads, want, "{kind:?}");
+        }
+        for (k, q) in reqs.iter().enumerate() {
+            assert_eq!(r.status(q), status::OK, "{kind:?} request {k}");
+            let k = k as u64;
+            assert_eq!(
+                r.read(DATA + 512 * k, 512),
+                r.expected(k * 512, 512),
+                "{kind:?}"
+            );
+        }
+        drop(threads);
+    }
+}
+
+/// A handover of a queue the thread does not serve (a ring not started)
+/// moves nothing and says so.
+#[test]
+fn a_handover_of_a_queue_not_served_moves_nothing() {
+    use super::{Command, IoThreadHandle, IoThreadSetup};
+    use std::sync::mpsc::sync_channel;
+
+    let threads = [
+        IoThreadHandle::spawn(0, IoThreadSetup::default()).unwrap(),
+        IoThreadHandle::spawn(1, IoThreadSetup::default()).unwrap(),
+    ];
+    let (tx, rx) = sync_channel(1);
+    threads[0].send(Command::Handover {
+        key: QueueKey {
+            export: 3,
+            queue: 1,
+        },
+        to: threads[1].mailbox(),
+        reply: tx,
+    });
+    assert_eq!(rx.recv_timeout(Duration::from_secs(10)), Ok(None));
 }
