@@ -8,7 +8,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 
 use log::{error, info, warn};
@@ -21,6 +21,8 @@ use crate::seccomp::ThreadKind;
 use crate::stats::DaemonSnapshot;
 use crate::vhost_user::{serve_frontend, wait_readable, ExportShared, SessionEnd};
 use crate::virtio::{BlkGeometry, SECTOR_SIZE};
+
+pub mod queue_move;
 
 /// Largest data segment we accept (virtio-blk `size_max`).
 pub const SIZE_MAX: u32 = 4 << 20;
@@ -65,6 +67,10 @@ struct ExportRunner {
     socket: PathBuf,
     /// The disk, for the final fsync.
     device: Arc<BlockDevice>,
+    /// What its connections share: the live queue mapping (`queue-move`).
+    /// Weak: the control thread's clone is the one that keeps the IOThread
+    /// pool shared, so that `stop` can join the IOThreads once it exits.
+    shared: Weak<ExportShared>,
     control: Option<JoinHandle<()>>,
 }
 
@@ -163,7 +169,7 @@ impl Daemon {
                 index,
                 geometry,
                 device,
-                map: plan.map.clone(),
+                map: plan.map.clone().into(),
                 max_queue_size: queue_size,
                 iothreads: iothreads.clone(),
             });
@@ -187,6 +193,7 @@ impl Daemon {
             );
             let sd = shutdown.clone();
             let device = shared.device.clone();
+            let runner_shared = Arc::downgrade(&shared);
             // The control thread holds the only export-side clone of the
             // IOThread pool, so that `stop` can join the IOThreads.
             let control = std::thread::Builder::new()
@@ -201,6 +208,7 @@ impl Daemon {
                 name: plan.name,
                 socket: c.socket.clone(),
                 device,
+                shared: runner_shared,
                 control: Some(control),
             });
         }

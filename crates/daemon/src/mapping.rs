@@ -180,6 +180,25 @@ impl VirtqueueMap {
         self.owner[queue as usize]
     }
 
+    /// Gives `queue` to `thread` (`queue-move`); returns its previous owner.
+    /// `pool` is the number of IOThreads.
+    pub fn set_thread(
+        &mut self,
+        queue: u16,
+        thread: usize,
+        pool: usize,
+    ) -> Result<usize, MapError> {
+        if thread >= pool {
+            return Err(MapError::UnknownThread { thread, pool });
+        }
+        let num_queues = self.num_queues();
+        let owner = self
+            .owner
+            .get_mut(queue as usize)
+            .ok_or(MapError::QueueOutOfRange { queue, num_queues })?;
+        Ok(std::mem::replace(owner, thread))
+    }
+
     /// The virtqueues owned by `thread`, in increasing order.
     pub fn queues_of(&self, thread: usize) -> Vec<u16> {
         (0..self.num_queues())
@@ -285,6 +304,27 @@ mod tests {
             VirtqueueMap::explicit(1, &a, 2),
             Err(MapError::UnknownThread { thread: 7, pool: 2 })
         );
+    }
+
+    #[test]
+    fn a_queue_changes_owner_and_bad_indexes_are_refused() {
+        let mut m = VirtqueueMap::round_robin(4, &[0, 1], 3).unwrap();
+        assert_eq!(m.set_thread(1, 2, 3), Ok(1));
+        assert_eq!(m.thread_of(1), 2);
+        assert_eq!(m.to_string(), "0:0,2;1:3;2:1");
+        assert_eq!(m.set_thread(1, 2, 3), Ok(2), "same owner: nothing changes");
+        assert_eq!(
+            m.set_thread(4, 0, 3),
+            Err(MapError::QueueOutOfRange {
+                queue: 4,
+                num_queues: 4
+            })
+        );
+        assert_eq!(
+            m.set_thread(0, 3, 3),
+            Err(MapError::UnknownThread { thread: 3, pool: 3 })
+        );
+        assert_eq!(m.thread_of(0), 0, "a refused move changes nothing");
     }
 
     #[test]

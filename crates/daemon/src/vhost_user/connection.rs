@@ -23,9 +23,7 @@ use vm_memory::{GuestAddress, GuestAddressSpace, GuestRegionMmap};
 use super::memory::{check_disjoint, check_region, vmm_va_to_gpa, AddrMapping, Sealing};
 use super::ExportShared;
 use crate::inflight::{InflightLayout, InflightRegion};
-use crate::iothread::{
-    Command, GuestMem, GuestMemHandle, InflightTracking, IoThreadHandle, QueueAttach, QueueKey,
-};
+use crate::iothread::{Command, GuestMem, GuestMemHandle, InflightTracking, QueueAttach, QueueKey};
 use crate::virtio::{features, CONFIG_WRITEBACK_OFFSET};
 
 /// Memory slots we accept with CONFIGURE_MEM_SLOTS (QEMU's vhost-user limit is 509 too).
@@ -138,10 +136,6 @@ impl Connection {
             .ok_or_else(|| invalid(&format!("vring {index} out of range")))
     }
 
-    fn iothread(&self, queue: u16) -> &IoThreadHandle {
-        &self.export.iothreads[self.export.map.thread_of(queue)]
-    }
-
     fn key(&self, queue: u16) -> QueueKey {
         QueueKey {
             export: self.export.index,
@@ -218,12 +212,16 @@ impl Connection {
             device: self.export.device.clone(),
             inflight,
         };
+        // Routed under the export's lock: a queue-move waits for the ring
+        // to reach its owner's channel.
+        let export = self.export.clone();
+        let routes = export.map.lock();
+        let owner = routes.thread_of(index);
         debug!(
-            "{}: vring {index} started on IOThread {}",
-            self.export.device.name,
-            self.export.map.thread_of(index)
+            "{}: vring {index} started on IOThread {owner}",
+            export.device.name
         );
-        self.iothread(index).send(Command::Attach(Box::new(attach)));
+        export.iothreads[owner].send(Command::Attach(Box::new(attach)));
         Ok(())
     }
 
@@ -280,7 +278,11 @@ impl Connection {
             return;
         }
         let (tx, rx) = sync_channel(1);
-        self.iothread(index).send(Command::Detach {
+        // The export's lock is held until the drain is answered: a
+        // queue-move cannot take the ring away meanwhile.
+        let export = self.export.clone();
+        let routes = export.map.lock();
+        export.iothreads[routes.thread_of(index)].send(Command::Detach {
             key: self.key(index),
             reply: tx,
         });
@@ -293,6 +295,7 @@ impl Connection {
                 self.export.device.name
             ),
         }
+        drop(routes);
     }
 
     /// An inflight region may describe at most the export's queues, of at most
@@ -480,7 +483,8 @@ impl VhostUserBackendReqHandlerMut for Connection {
                 .map(File::try_clone)
                 .transpose()
                 .map_err(VhostError::ReqHandlerError)?;
-            self.iothread(index as u16).send(Command::SetCall {
+            let routes = self.export.map.lock();
+            self.export.iothreads[routes.thread_of(index as u16)].send(Command::SetCall {
                 key: self.key(index as u16),
                 call,
             });

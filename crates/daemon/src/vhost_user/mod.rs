@@ -24,7 +24,7 @@ mod connection;
 pub mod memory;
 mod session;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 pub use connection::Connection;
 pub(crate) use session::wait_readable;
@@ -42,10 +42,53 @@ pub struct ExportShared {
     pub geometry: BlkGeometry,
     /// The device the IOThreads execute requests for.
     pub device: Arc<BlockDevice>,
-    /// Owner IOThread of each queue.
-    pub map: VirtqueueMap,
+    /// Owner IOThread of each queue, changed at run time by `queue-move`.
+    pub map: QueueRoutes,
     /// Largest queue size the frontend may set.
     pub max_queue_size: u16,
     /// The IOThread pool.
     pub iothreads: Arc<Vec<IoThreadHandle>>,
+}
+
+/// The live queue -> IOThread mapping of one export, and the lock that orders
+/// every operation that routes a command to a queue's owner.
+///
+/// The transport holds the lock from reading a queue's owner until its
+/// command is answered (a ring start, GET_VRING_BASE's drain, a new call fd);
+/// a `queue-move` holds it from the handover to the new owner being
+/// recorded. So a frontend's ring operation never reaches an IOThread that
+/// just gave the queue away, and a move never races a ring starting or
+/// stopping. IOThreads never take it: the data path does not see it.
+pub struct QueueRoutes {
+    num_queues: u16,
+    map: Mutex<VirtqueueMap>,
+}
+
+impl From<VirtqueueMap> for QueueRoutes {
+    fn from(map: VirtqueueMap) -> Self {
+        QueueRoutes {
+            num_queues: map.num_queues(),
+            map: Mutex::new(map),
+        }
+    }
+}
+
+impl QueueRoutes {
+    /// Number of virtqueues of the export (fixed).
+    pub fn num_queues(&self) -> u16 {
+        self.num_queues
+    }
+
+    /// Takes the lock: the mapping stays as it is, and no other ring
+    /// operation of this export runs, until the guard is dropped.
+    pub fn lock(&self) -> MutexGuard<'_, VirtqueueMap> {
+        // A panic while holding it left the mapping whole (changes are one
+        // assignment): go on with it.
+        self.map.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A copy of the current mapping, for reports.
+    pub fn snapshot(&self) -> VirtqueueMap {
+        self.lock().clone()
+    }
 }
