@@ -116,10 +116,12 @@ impl QueueSlot {
 
     /// The ring and everything that goes with it, for another IOThread to
     /// serve (`queue-move`); called once the queue has nothing in flight.
-    /// Guest notifications are turned back on first: the new owner starts
-    /// with them on ([`QueueSlot::new`]) and sleeps on the kick fd, so a ring
-    /// left quiet by a polling source would never wake it. Heads a dead
-    /// daemon left that are not resubmitted yet go along, in order.
+    /// Guest notifications are turned back on first, so that the ring agrees
+    /// with the new owner's slot, which starts with them on
+    /// ([`QueueSlot::new`]): a polling source leaves the ring quiet. (The new
+    /// owner's first pass quiets and re-arms it anyway, unless it is
+    /// stopping.) Heads a dead daemon left that are not resubmitted yet go
+    /// along, in order.
     pub fn into_attach(mut self) -> QueueAttach {
         debug_assert_eq!(self.inflight, 0, "a ring moves only once drained");
         if !self.broken {
