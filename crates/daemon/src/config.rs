@@ -307,6 +307,43 @@ pub struct ServeConfig {
     /// seccomp filters per thread kind (`seccomp = "on" | "log" | "off"`; default on).
     #[serde(default)]
     pub seccomp: crate::seccomp::SeccompMode,
+    /// The JSON-RPC control socket (`[control]`; none unless configured).
+    #[serde(default)]
+    pub control: Option<ControlConfig>,
+}
+
+/// The `[control]` table: where the JSON-RPC control socket listens.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ControlConfig {
+    /// Path of the control socket.
+    pub socket: PathBuf,
+    /// Permission bits of the socket file (octal string, default "0600": the
+    /// control socket can remove exports, so only its owner may use it).
+    #[serde(default)]
+    pub mode: Option<String>,
+}
+
+impl ControlConfig {
+    /// The socket's permission bits, or an error naming `control.mode`.
+    pub fn mode_bits(&self) -> Result<u32, ConfigError> {
+        match &self.mode {
+            None => Ok(0o600),
+            Some(m) => parse_mode(m).ok_or_else(|| {
+                ConfigError::new(
+                    "control.mode",
+                    format!("{m:?} is not an octal mode such as 0600"),
+                )
+            }),
+        }
+    }
+}
+
+/// An octal permission string ("0600", "0o660") as bits, if valid.
+fn parse_mode(m: &str) -> Option<u32> {
+    u32::from_str_radix(m.trim_start_matches("0o"), 8)
+        .ok()
+        .filter(|m| *m <= 0o777)
 }
 
 /// An export after validation: everything resolved to concrete values.
@@ -378,10 +415,20 @@ impl ServeConfig {
             return Err(ConfigError::new("iothreads.poll-weight", e.to_string()));
         }
         self.iothreads.bounce_buffer_max()?;
-        if self.exports.is_empty() {
+        if let Some(c) = &self.control {
+            c.mode_bits()?;
+            if self.exports.iter().any(|e| e.socket == c.socket) {
+                return Err(ConfigError::new(
+                    "control.socket",
+                    format!("{} is also an export's socket", c.socket.display()),
+                ));
+            }
+        }
+        // With a control socket, exports may all come later (export-add).
+        if self.exports.is_empty() && self.control.is_none() {
             return Err(ConfigError::new(
                 "export",
-                "no export configured (add an [[export]] table)",
+                "no export configured (add an [[export]] table, or a [control] socket to add them at run time)",
             ));
         }
         let mut plans = Vec::new();
@@ -408,7 +455,11 @@ impl ServeConfig {
     }
 }
 
-fn validate_export(i: usize, e: &ExportConfig, pool: usize) -> Result<ExportPlan, ConfigError> {
+pub(crate) fn validate_export(
+    i: usize,
+    e: &ExportConfig,
+    pool: usize,
+) -> Result<ExportPlan, ConfigError> {
     let f = |name: &str| format!("export[{i}].{name}");
     if e.queues == 0 || e.queues > MAX_QUEUES {
         return Err(ConfigError::new(
@@ -513,15 +564,12 @@ fn validate_export(i: usize, e: &ExportConfig, pool: usize) -> Result<ExportPlan
     }
     let socket_mode = match &e.socket_mode {
         None => 0o600,
-        Some(m) => u32::from_str_radix(m.trim_start_matches("0o"), 8)
-            .ok()
-            .filter(|m| *m <= 0o777)
-            .ok_or_else(|| {
-                ConfigError::new(
-                    f("socket-mode"),
-                    format!("{m:?} is not an octal mode such as 0600"),
-                )
-            })?,
+        Some(m) => parse_mode(m).ok_or_else(|| {
+            ConfigError::new(
+                f("socket-mode"),
+                format!("{m:?} is not an octal mode such as 0600"),
+            )
+        })?,
     };
     Ok(ExportPlan {
         name: e.name.clone().unwrap_or_else(|| format!("export{i}")),

@@ -154,6 +154,16 @@ pub enum Command {
         /// The new call fd.
         call: Option<File>,
     },
+    /// Replace the polling algorithm and knobs of a running thread (the
+    /// control socket's `iothread-set`, as QEMU's `qom-set` on an iothread's
+    /// poll properties). The policy starts afresh: what the old one learnt
+    /// about the queues' rhythm does not carry over to new knobs.
+    SetPoll {
+        /// The new algorithm.
+        mode: PollMode,
+        /// The new knobs (validated by the sender).
+        params: PollParams,
+    },
     /// Drain everything and exit the thread.
     Stop,
 }
