@@ -154,6 +154,13 @@ const RPC: &[libc::c_long] = &[
     libc::SYS_seccomp,
     libc::SYS_fdatasync,
     libc::SYS_fsync,
+    // glibc's chmod, mkdir and unlink use the old calls where they exist.
+    #[cfg(target_arch = "x86_64")]
+    libc::SYS_chmod,
+    #[cfg(target_arch = "x86_64")]
+    libc::SYS_mkdir,
+    #[cfg(target_arch = "x86_64")]
+    libc::SYS_unlink,
 ];
 
 /// An IOThread: its event loop, io_uring, eventfds and timers. Backends are
