@@ -6,13 +6,15 @@
 //! | kind | thread | may, beyond the common set |
 //! |---|---|---|
 //! | [`ThreadKind::Control`] | `vqblk-ctl<E>`: one export's vhost-user messages | accept, send and receive on unix sockets (with fds), map and check guest memory (`fstat`, `fcntl` for memfd seals), eventfds, create the inflight region (`memfd_create`, `ftruncate`) |
+//! | [`ThreadKind::Rpc`] | `vqblk-rpc`: the JSON-RPC control socket | the control set, plus what `export-add` / `export-del` take: open an image (`openat`, block-size ioctls), bind its socket (`socket`, `connect`, `bind`, `listen`, `chmod`, `mkdir`, `unlink`), start its thread (`clone3`...), `fdatasync` |
 //! | [`ThreadKind::IoThread`] | `vqblk-iot<N>` | epoll, io_uring, eventfds and timerfds, synchronous file I/O fallbacks |
 //! | [`ThreadKind::Worker`] | `vqblk-iot<N>-w<K>` (backend `threads`) | positional vectored I/O, `fallocate`, `fdatasync` |
 //!
 //! The common set is what any Rust thread needs to run and log: memory management,
-//! futexes, signals' own bookkeeping, clocks, `write` to stderr, `close`, exit. Nothing
-//! opens a path, creates a socket, executes a program or changes credentials once a
-//! filter is on. The lists come from tracing the test suite (`strace -f -ff`, per
+//! futexes, signals' own bookkeeping, clocks, `write` to stderr, `close`, exit. Apart
+//! from the control socket's thread (which adds exports at an operator's request),
+//! nothing opens a path or creates a socket once a filter is on, and no thread
+//! executes a program or changes credentials. The lists come from tracing the test suite (`strace -f -ff`, per
 //! thread name) and reading the code paths; `--seccomp log` lets an operator find a
 //! missing entry without a crash (the kernel logs the call, see `dmesg` / the audit log).
 //!
@@ -251,12 +253,12 @@ pub fn program(kind: ThreadKind, mismatch: SeccompAction) -> Result<BpfProgram, 
         allowed(kind).into_iter().map(|nr| (nr, vec![])).collect();
     // ioctl only as FIONREAD (how many bytes of a message have arrived) and,
     // for the RPC thread's export-add, the size queries of a block device.
-    let ioctls: Vec<u64> = match kind {
-        ThreadKind::Control => vec![libc::FIONREAD as u64],
+    let ioctls: Vec<libc::c_ulong> = match kind {
+        ThreadKind::Control => vec![libc::FIONREAD],
         ThreadKind::Rpc => vec![
-            libc::FIONREAD as u64,
-            crate::block::blk::BLKGETSIZE64() as u64,
-            crate::block::blk::BLKSSZGET() as u64,
+            libc::FIONREAD,
+            crate::block::blk::BLKGETSIZE64(),
+            crate::block::blk::BLKSSZGET(),
         ],
         _ => vec![],
     };
