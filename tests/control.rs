@@ -253,6 +253,17 @@ fn queries_and_protocol_errors() {
         0,
         "closed after the error"
     );
+    // At most MAX_CLIENTS at once: one more is told so and closed.
+    let others: Vec<Raw> = (1..vqblk_daemon::control::MAX_CLIENTS)
+        .map(|_| Raw::new(&control))
+        .collect();
+    let mut extra = Raw::new(&control);
+    let a = extra.answer();
+    assert!(
+        a["error"]["message"].as_str().unwrap().contains("too many"),
+        "{a}"
+    );
+    drop(others);
     // The first raw connection is still served.
     let a = raw.ask(r#"{"jsonrpc":"2.0","id":9,"method":"query-exports"}"#);
     assert_eq!(a["result"][0]["name"], "d");

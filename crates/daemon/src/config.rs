@@ -647,6 +647,30 @@ queues = 2
         assert_eq!(plans[1].map.to_string(), "0:0;1:1");
     }
 
+    /// `[control]`: the socket, mode 0600 unless told, a bad mode named, and
+    /// no export needed (they can be added at run time).
+    #[test]
+    fn control_table() {
+        let c = ServeConfig::from_toml("[control]\nsocket = \"/run/vqblk/ctl.sock\"\n").unwrap();
+        let control = c.control.as_ref().unwrap();
+        assert_eq!(control.socket, PathBuf::from("/run/vqblk/ctl.sock"));
+        assert_eq!(control.mode_bits().unwrap(), 0o600);
+        assert!(c.validate().unwrap().is_empty());
+        let with = format!("{SAMPLE}\n[control]\nsocket = \"/c\"\nmode = \"0660\"\n");
+        let c = ServeConfig::from_toml(&with).unwrap();
+        assert_eq!(c.control.unwrap().mode_bits().unwrap(), 0o660);
+        let bad = format!("{SAMPLE}\n[control]\nsocket = \"/c\"\nmode = \"rw\"\n");
+        assert!(
+            err_of(&bad).starts_with("control.mode: "),
+            "{}",
+            err_of(&bad)
+        );
+        let clash = format!("{SAMPLE}\n[control]\nsocket = \"/run/vqblk/db.sock\"\n");
+        assert!(err_of(&clash).starts_with("control.socket: "));
+        assert!(err_of("[control]\nsockets = \"/c\"\n").contains("sockets"));
+        assert!(err_of("[iothreads]\ncount = 1\n").starts_with("export: "));
+    }
+
     fn err_of(text: &str) -> String {
         match ServeConfig::from_toml(text) {
             Err(e) => e.to_string(),
