@@ -125,6 +125,8 @@ command -v depmod >/dev/null 2>&1 || need_pkgs+=(kmod)
 [ -x /usr/bin/chromium ] || need_pkgs+=(chromium)
 # promtool checks the Prometheus endpoint (tests/metrics.rs).
 command -v promtool >/dev/null 2>&1 || need_pkgs+=(prometheus)
+# tmux drives `vqblk top` in an 80x24 pane (tests/control_cli.rs).
+command -v tmux >/dev/null 2>&1 || need_pkgs+=(tmux)
 # The throw-away Ceph cluster of the RBD tests (scripts/ceph/start.sh) and
 # librbd, which vqblk loads at run time for `--backend rbd`.
 for p in ceph-mon ceph-osd ceph-common librbd1 librados2 uuid-runtime bc; do

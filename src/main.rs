@@ -2,6 +2,9 @@
 
 use clap::{Parser, Subcommand};
 
+mod ctl;
+mod top;
+
 #[derive(Parser)]
 #[command(
     name = "vqblk",
@@ -25,12 +28,28 @@ enum Command {
     Report(Box<vqblk_study::ReportArgs>),
     /// Recommend an IOThread count and print configuration snippets.
     Recommend(Box<vqblk_study::RecommendArgs>),
+    /// Call a method of a running daemon's control socket (JSON-RPC).
+    Ctl(Box<ctl::CtlArgs>),
+    /// Live view of a running daemon's IOThreads and queues.
+    Top(Box<top::TopArgs>),
 }
 
 fn exit_code(what: &str, r: anyhow::Result<i32>) -> i32 {
     r.unwrap_or_else(|e| {
         eprintln!("vqblk {what}: {e:#}");
         2
+    })
+}
+
+/// `vqblk ctl`: a failed call prints the daemon's message and exits 1;
+/// a usage or connection error exits 2.
+fn ctl_exit(r: anyhow::Result<i32>) -> i32 {
+    r.unwrap_or_else(|e| {
+        eprintln!("vqblk ctl: {e:#}");
+        match e.downcast_ref::<vqblk_daemon::control::client::ClientError>() {
+            Some(vqblk_daemon::control::client::ClientError::Rpc { .. }) => 1,
+            _ => 2,
+        }
     })
 }
 
@@ -42,6 +61,8 @@ fn main() {
         Command::Sweep(args) => exit_code("sweep", vqblk_study::run_sweep(*args)),
         Command::Report(args) => exit_code("report", vqblk_study::run_report(*args)),
         Command::Recommend(args) => exit_code("recommend", vqblk_study::run_recommend(*args)),
+        Command::Ctl(args) => ctl_exit(ctl::run(*args)),
+        Command::Top(args) => exit_code("top", top::run(*args)),
     };
     std::process::exit(code);
 }

@@ -107,6 +107,10 @@ pub struct ServeArgs {
     /// overrides `seccomp` of --config.
     #[arg(long, value_enum, value_name = "MODE")]
     pub seccomp: Option<crate::seccomp::SeccompMode>,
+    /// Listen for JSON-RPC control requests (`vqblk ctl`, `vqblk top`) on this
+    /// unix socket (mode 0600). Overrides `[control] socket` of --config.
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<PathBuf>,
     /// Most bounce-buffer memory per IOThread (e.g. 64M, the default); a request
     /// beyond it waits. Overrides `iothreads.bounce-buffer-max` of --config.
     #[arg(long, value_name = "SIZE")]
@@ -202,6 +206,13 @@ impl ServeArgs {
         }
         if let Some(b) = &self.bounce_buffer_max {
             cfg.iothreads.bounce_buffer_max = Some(b.clone());
+        }
+        if let Some(socket) = &self.control {
+            let mode = cfg.control.take().and_then(|c| c.mode);
+            cfg.control = Some(crate::config::ControlConfig {
+                socket: socket.clone(),
+                mode,
+            });
         }
     }
 }
@@ -344,6 +355,7 @@ pub fn flag_name(field: &str) -> String {
         f if f.starts_with("iothreads.poll") => format!("--{}", &f["iothreads.".len()..]),
         "iothreads.count" | "iothreads" => "--iothreads".into(),
         "iothreads.bounce-buffer-max" => "--bounce-buffer-max".into(),
+        "control.socket" => "--control".into(),
         "iothread-vq-mapping" => "--map".into(),
         f if f.starts_with("iothreads.thread") => "--iothread-pin".into(),
         f if !f.contains('.') && !f.contains('[') => format!("--{f}"),

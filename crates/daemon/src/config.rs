@@ -307,6 +307,43 @@ pub struct ServeConfig {
     /// seccomp filters per thread kind (`seccomp = "on" | "log" | "off"`; default on).
     #[serde(default)]
     pub seccomp: crate::seccomp::SeccompMode,
+    /// The JSON-RPC control socket (`[control]`; none unless configured).
+    #[serde(default)]
+    pub control: Option<ControlConfig>,
+}
+
+/// The `[control]` table: where the JSON-RPC control socket listens.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ControlConfig {
+    /// Path of the control socket.
+    pub socket: PathBuf,
+    /// Permission bits of the socket file (octal string, default "0600": the
+    /// control socket can remove exports, so only its owner may use it).
+    #[serde(default)]
+    pub mode: Option<String>,
+}
+
+impl ControlConfig {
+    /// The socket's permission bits, or an error naming `control.mode`.
+    pub fn mode_bits(&self) -> Result<u32, ConfigError> {
+        match &self.mode {
+            None => Ok(0o600),
+            Some(m) => parse_mode(m).ok_or_else(|| {
+                ConfigError::new(
+                    "control.mode",
+                    format!("{m:?} is not an octal mode such as 0600"),
+                )
+            }),
+        }
+    }
+}
+
+/// An octal permission string ("0600", "0o660") as bits, if valid.
+fn parse_mode(m: &str) -> Option<u32> {
+    u32::from_str_radix(m.trim_start_matches("0o"), 8)
+        .ok()
+        .filter(|m| *m <= 0o777)
 }
 
 /// An export after validation: everything resolved to concrete values.
@@ -378,10 +415,20 @@ impl ServeConfig {
             return Err(ConfigError::new("iothreads.poll-weight", e.to_string()));
         }
         self.iothreads.bounce_buffer_max()?;
-        if self.exports.is_empty() {
+        if let Some(c) = &self.control {
+            c.mode_bits()?;
+            if self.exports.iter().any(|e| e.socket == c.socket) {
+                return Err(ConfigError::new(
+                    "control.socket",
+                    format!("{} is also an export's socket", c.socket.display()),
+                ));
+            }
+        }
+        // With a control socket, exports may all come later (export-add).
+        if self.exports.is_empty() && self.control.is_none() {
             return Err(ConfigError::new(
                 "export",
-                "no export configured (add an [[export]] table)",
+                "no export configured (add an [[export]] table, or a [control] socket to add them at run time)",
             ));
         }
         let mut plans = Vec::new();
@@ -408,7 +455,11 @@ impl ServeConfig {
     }
 }
 
-fn validate_export(i: usize, e: &ExportConfig, pool: usize) -> Result<ExportPlan, ConfigError> {
+pub(crate) fn validate_export(
+    i: usize,
+    e: &ExportConfig,
+    pool: usize,
+) -> Result<ExportPlan, ConfigError> {
     let f = |name: &str| format!("export[{i}].{name}");
     if e.queues == 0 || e.queues > MAX_QUEUES {
         return Err(ConfigError::new(
@@ -513,15 +564,12 @@ fn validate_export(i: usize, e: &ExportConfig, pool: usize) -> Result<ExportPlan
     }
     let socket_mode = match &e.socket_mode {
         None => 0o600,
-        Some(m) => u32::from_str_radix(m.trim_start_matches("0o"), 8)
-            .ok()
-            .filter(|m| *m <= 0o777)
-            .ok_or_else(|| {
-                ConfigError::new(
-                    f("socket-mode"),
-                    format!("{m:?} is not an octal mode such as 0600"),
-                )
-            })?,
+        Some(m) => parse_mode(m).ok_or_else(|| {
+            ConfigError::new(
+                f("socket-mode"),
+                format!("{m:?} is not an octal mode such as 0600"),
+            )
+        })?,
     };
     Ok(ExportPlan {
         name: e.name.clone().unwrap_or_else(|| format!("export{i}")),
@@ -597,6 +645,30 @@ queues = 2
         assert_eq!(plans[1].size, Some(1 << 30));
         assert_eq!(plans[1].socket_mode, 0o600);
         assert_eq!(plans[1].map.to_string(), "0:0;1:1");
+    }
+
+    /// `[control]`: the socket, mode 0600 unless told, a bad mode named, and
+    /// no export needed (they can be added at run time).
+    #[test]
+    fn control_table() {
+        let c = ServeConfig::from_toml("[control]\nsocket = \"/run/vqblk/ctl.sock\"\n").unwrap();
+        let control = c.control.as_ref().unwrap();
+        assert_eq!(control.socket, PathBuf::from("/run/vqblk/ctl.sock"));
+        assert_eq!(control.mode_bits().unwrap(), 0o600);
+        assert!(c.validate().unwrap().is_empty());
+        let with = format!("{SAMPLE}\n[control]\nsocket = \"/c\"\nmode = \"0660\"\n");
+        let c = ServeConfig::from_toml(&with).unwrap();
+        assert_eq!(c.control.unwrap().mode_bits().unwrap(), 0o660);
+        let bad = format!("{SAMPLE}\n[control]\nsocket = \"/c\"\nmode = \"rw\"\n");
+        assert!(
+            err_of(&bad).starts_with("control.mode: "),
+            "{}",
+            err_of(&bad)
+        );
+        let clash = format!("{SAMPLE}\n[control]\nsocket = \"/run/vqblk/db.sock\"\n");
+        assert!(err_of(&clash).starts_with("control.socket: "));
+        assert!(err_of("[control]\nsockets = \"/c\"\n").contains("sockets"));
+        assert!(err_of("[iothreads]\ncount = 1\n").starts_with("export: "));
     }
 
     fn err_of(text: &str) -> String {

@@ -1,6 +1,8 @@
 //! The daemon: opens the disks, starts the IOThread pool, listens on every
-//! export's socket (one control thread each) and shuts everything down in
-//! order: stop accepting, drain, fsync, remove the sockets.
+//! export's socket (one control thread each) and, when configured, on the
+//! JSON-RPC control socket (which adds and removes exports at run time), and
+//! shuts everything down in order: stop accepting, drain, fsync, remove the
+//! sockets.
 
 use std::fs;
 use std::io;
@@ -8,15 +10,21 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Weak};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 
 use log::{error, info, warn};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::block::{Backend, BlockError, Disk};
-use crate::config::{parse_cpuset, BackendKind, CacheMode, ConfigError, ServeConfig};
+use crate::config::{
+    parse_cpuset, BackendKind, CacheMode, ConfigError, ExportConfig, ExportPlan, ServeConfig,
+};
 use crate::iothread::{BlockDevice, Command, IoThreadHandle, IoThreadSetup};
+use crate::mapping::VirtqueueMap;
+use crate::poll::{PollMode, PollParams};
+use crate::seccomp::SeccompMode;
 use crate::seccomp::ThreadKind;
 use crate::stats::DaemonSnapshot;
 use crate::vhost_user::{serve_frontend, wait_readable, ExportShared, SessionEnd};
@@ -54,6 +62,14 @@ pub enum DaemonError {
         /// What went wrong.
         message: String,
     },
+    /// The control socket could not be created.
+    #[error("control socket {path}: {message}")]
+    ControlSocket {
+        /// Socket path.
+        path: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
     /// A thread could not be started.
     #[error("cannot start a thread: {0}")]
     Thread(#[from] io::Error),
@@ -62,22 +78,265 @@ pub enum DaemonError {
     Seccomp(#[from] crate::seccomp::SeccompError),
 }
 
-struct ExportRunner {
-    name: String,
-    socket: PathBuf,
-    /// The disk, for the final fsync.
-    device: Arc<BlockDevice>,
+/// A running export, as the daemon keeps it.
+pub(crate) struct ExportRunner {
+    /// Export name.
+    pub(crate) name: String,
+    /// Its vhost-user socket.
+    pub(crate) socket: PathBuf,
+    /// The export's settings as given (image, backend, cache...).
+    pub(crate) config: ExportConfig,
+    /// Owner IOThread of each queue when the export started (`queue-move`
+    /// changes the live one, in `shared`: see [`ExportRunner::map`]).
+    initial_map: VirtqueueMap,
     /// What its connections share: the live queue mapping (`queue-move`).
     /// Weak: the control thread's clone is the one that keeps the IOThread
     /// pool shared, so that `stop` can join the IOThreads once it exits.
-    shared: Weak<ExportShared>,
+    pub(crate) shared: Weak<ExportShared>,
+    /// The disk, for the final fsync (and its size).
+    pub(crate) device: Arc<BlockDevice>,
+    /// A frontend is connected.
+    pub(crate) connected: Arc<AtomicBool>,
+    /// Ends this export's control thread (its frontend is drained first).
+    stop: Arc<EventFd>,
     control: Option<JoinHandle<()>>,
+}
+
+impl ExportRunner {
+    /// Owner IOThread of each queue now (after any `queue-move`).
+    pub(crate) fn map(&self) -> VirtqueueMap {
+        match self.shared.upgrade() {
+            Some(shared) => shared.map.snapshot(),
+            None => self.initial_map.clone(),
+        }
+    }
+
+    /// Stops the control thread (drains a connected frontend's rings) and waits for it.
+    fn stop_and_join(&mut self) {
+        let _ = self.stop.write(1);
+        if let Some(j) = self.control.take() {
+            let _ = j.join();
+        }
+    }
+
+    /// Flushes the image and removes the socket (after `stop_and_join`).
+    fn finish(&self) {
+        if let Err(err) = self.device.disk.sync() {
+            error!("export {}: fsync failed: {err}", self.name);
+        }
+        let _ = fs::remove_file(&self.socket);
+    }
+}
+
+/// One IOThread as the control socket describes it: its pinning and how it
+/// polls now (changed by `iothread-set`).
+pub(crate) struct IoThreadInfo {
+    /// Host CPUs the thread is pinned to.
+    pub(crate) cpus: Option<Vec<usize>>,
+    /// Current polling algorithm and knobs.
+    pub(crate) poll: Mutex<(PollMode, PollParams)>,
+}
+
+/// What the daemon's threads share: the IOThread pool and the exports, which
+/// the control socket adds and removes at run time. The data path never
+/// touches the `exports` lock.
+pub(crate) struct DaemonState {
+    /// The IOThread pool.
+    pub(crate) iothreads: Arc<Vec<IoThreadHandle>>,
+    /// Per IOThread: pinning and polling settings.
+    pub(crate) info: Vec<IoThreadInfo>,
+    /// The running exports, in the order they were added.
+    pub(crate) exports: Mutex<Vec<ExportRunner>>,
+    seccomp: SeccompMode,
+    /// Index of the next export (never reused: it keys queues in the IOThreads).
+    next_index: AtomicUsize,
+}
+
+/// Why `export-del` did not remove an export.
+#[derive(Debug, thiserror::Error)]
+pub enum DelError {
+    /// No export has that name.
+    #[error("no export named {0:?}")]
+    NoSuchExport(String),
+    /// A frontend is connected and `force` was not given (qsd's semantics).
+    #[error("export {0:?} has a frontend connected (force disconnects it)")]
+    InUse(String),
+}
+
+impl DaemonState {
+    /// Counters of every IOThread.
+    pub(crate) fn stats(&self) -> DaemonSnapshot {
+        DaemonSnapshot {
+            iothreads: self.iothreads.iter().map(|t| t.stats.snapshot()).collect(),
+        }
+    }
+
+    /// Validates `config` as one more export (same keys as a TOML
+    /// `[[export]]`), opens it and starts serving it.
+    pub(crate) fn add_export(&self, config: &ExportConfig) -> Result<String, DaemonError> {
+        let plan = crate::config::validate_export(0, config, self.iothreads.len())
+            .map_err(|e| ConfigError::new(e.field.trim_start_matches("export[0]."), e.message))?;
+        {
+            let exports = self.exports.lock().unwrap();
+            if exports.iter().any(|e| e.name == plan.name) {
+                let m = format!("{:?} is used by another export", plan.name);
+                return Err(ConfigError::new("name", m).into());
+            }
+            if exports.iter().any(|e| e.socket == config.socket) {
+                let m = format!("{} is used by another export", config.socket.display());
+                return Err(ConfigError::new("socket", m).into());
+            }
+        }
+        let disk = open_disk(&plan)?;
+        let index = self.next_index.fetch_add(1, Ordering::Relaxed);
+        let name = plan.name.clone();
+        let runner = self.start_export(index, plan, disk)?;
+        self.exports.lock().unwrap().push(runner);
+        Ok(name)
+    }
+
+    /// Removes export `name`: refused while a frontend is connected unless
+    /// `force`; forced, the frontend is disconnected after its rings are
+    /// drained. Then the image is flushed and the socket removed.
+    pub(crate) fn del_export(&self, name: &str, force: bool) -> Result<(), DelError> {
+        let mut runner = {
+            let mut exports = self.exports.lock().unwrap();
+            let i = exports
+                .iter()
+                .position(|e| e.name == name)
+                .ok_or_else(|| DelError::NoSuchExport(name.into()))?;
+            if exports[i].connected.load(Ordering::Acquire) && !force {
+                return Err(DelError::InUse(name.into()));
+            }
+            exports.remove(i)
+        };
+        runner.stop_and_join();
+        runner.finish();
+        info!("export {name}: removed");
+        Ok(())
+    }
+
+    /// Binds the socket of a validated export over its opened disk and starts
+    /// its control thread.
+    fn start_export(
+        &self,
+        index: usize,
+        plan: ExportPlan,
+        disk: Disk,
+    ) -> Result<ExportRunner, DaemonError> {
+        let c = &plan.config;
+        let queue_size = c.queue_size;
+        let geometry = BlkGeometry {
+            capacity_sectors: disk.size / SECTOR_SIZE,
+            blk_size: disk.logical_block_size,
+            physical_block_exp: 0,
+            size_max: SIZE_MAX,
+            seg_max: queue_size.min(1024) as u32 - 2,
+            num_queues: c.queues,
+            max_discard_sectors: MAX_ZERO_SECTORS,
+            max_write_zeroes_sectors: MAX_ZERO_SECTORS,
+            write_zeroes_may_unmap: true,
+            read_only: c.read_only,
+        };
+        let limits = geometry.limits();
+        let serial = c.serial.as_deref().unwrap_or(&plan.name);
+        let size = disk.size;
+        let device = Arc::new(BlockDevice::new(plan.name.clone(), disk, limits, serial));
+        let shared = Arc::new(ExportShared {
+            index,
+            geometry,
+            device,
+            map: plan.map.clone().into(),
+            max_queue_size: queue_size,
+            iothreads: self.iothreads.clone(),
+        });
+        let sock_err = |message: String| DaemonError::Socket {
+            export: plan.name.clone(),
+            path: c.socket.clone(),
+            message,
+        };
+        let listener = bind_socket(&c.socket, plan.socket_mode).map_err(sock_err)?;
+        info!(
+            "export {}: {} ({} bytes, backend {:?}, cache {:?}{}) on {} with {} queues, mapping {}",
+            plan.name,
+            c.image
+                .as_deref()
+                .map_or("null".into(), |p| p.display().to_string()),
+            size,
+            c.backend,
+            c.cache,
+            if c.read_only { ", read-only" } else { "" },
+            c.socket.display(),
+            c.queues,
+            plan.map
+        );
+        let stop = Arc::new(EventFd::new(EFD_NONBLOCK)?);
+        let connected = Arc::new(AtomicBool::new(false));
+        let device = shared.device.clone();
+        let weak = Arc::downgrade(&shared);
+        let (sd, conn, seccomp) = (stop.clone(), connected.clone(), self.seccomp);
+        // The control thread holds the only export-side clone of the
+        // IOThread pool, so that `stop` can join the IOThreads.
+        let control = std::thread::Builder::new()
+            .name(format!("vqblk-ctl{index}"))
+            .spawn(move || {
+                if let Err(e) = crate::seccomp::apply(ThreadKind::Control, seccomp) {
+                    error!("{e}: the control thread runs without a filter");
+                }
+                control_loop(listener, shared, sd, conn)
+            });
+        let control = match control {
+            Ok(j) => j,
+            Err(e) => {
+                let _ = fs::remove_file(&c.socket);
+                return Err(e.into());
+            }
+        };
+        Ok(ExportRunner {
+            name: plan.name,
+            socket: c.socket.clone(),
+            config: c.clone(),
+            initial_map: plan.map,
+            shared: weak,
+            device,
+            connected,
+            stop,
+            control: Some(control),
+        })
+    }
+}
+
+/// Opens the disk of a validated export (a null disk needs nothing opened).
+fn open_disk(p: &ExportPlan) -> Result<Disk, DaemonError> {
+    let c = &p.config;
+    Ok(match c.backend {
+        BackendKind::Null => {
+            Disk::null(p.size.unwrap_or(0), c.read_only, c.latency_ns.unwrap_or(0))
+        }
+        kind => Disk::open(
+            c.image.as_deref().unwrap(),
+            if kind == BackendKind::Threads {
+                Backend::Threads
+            } else {
+                Backend::IoUring
+            },
+            c.cache == CacheMode::None,
+            c.read_only,
+            p.create,
+        )
+        .map_err(|source| DaemonError::Block {
+            export: p.name.clone(),
+            source,
+        })?,
+    })
 }
 
 /// A running daemon.
 pub struct Daemon {
-    iothreads: Arc<Vec<IoThreadHandle>>,
-    exports: Vec<ExportRunner>,
+    state: Arc<DaemonState>,
+    /// The control socket's thread and path, when configured.
+    control: Option<(JoinHandle<()>, PathBuf)>,
+    /// Ends the control socket's thread.
     shutdown: Arc<EventFd>,
     /// `stop` ran (from `shutdown` or from drop): it runs once.
     stopped: bool,
@@ -91,32 +350,9 @@ impl Daemon {
         crate::seccomp::probe(seccomp)?;
         let bounce_max = config.iothreads.bounce_buffer_max()?;
         // Open every disk before starting anything, so a bad export fails fast.
-        let mut disks = Vec::new();
-        for p in &plans {
-            let c = &p.config;
-            let disk = match c.backend {
-                BackendKind::Null => {
-                    Disk::null(p.size.unwrap_or(0), c.read_only, c.latency_ns.unwrap_or(0))
-                }
-                kind => Disk::open(
-                    c.image.as_deref().unwrap(),
-                    if kind == BackendKind::Threads {
-                        Backend::Threads
-                    } else {
-                        Backend::IoUring
-                    },
-                    c.cache == CacheMode::None,
-                    c.read_only,
-                    p.create,
-                )
-                .map_err(|source| DaemonError::Block {
-                    export: p.name.clone(),
-                    source,
-                })?,
-            };
-            disks.push(disk);
-        }
+        let disks = plans.iter().map(open_disk).collect::<Result<Vec<_>, _>>()?;
         let mut threads = Vec::new();
+        let mut info = Vec::new();
         for i in 0..config.iothreads.count {
             let cpus = config
                 .iothreads
@@ -127,6 +363,10 @@ impl Daemon {
                 .map(|c| parse_cpuset(c).expect("validated"));
             let (poll_mode, poll_params) = config.iothreads.poll_for(i);
             info!("IOThread {i}: polling {poll_mode:?} {poll_params:?}");
+            info.push(IoThreadInfo {
+                cpus: cpus.clone(),
+                poll: Mutex::new((poll_mode, poll_params)),
+            });
             threads.push(IoThreadHandle::spawn(
                 i,
                 IoThreadSetup {
@@ -138,93 +378,51 @@ impl Daemon {
                 },
             )?);
         }
-        let iothreads = Arc::new(threads);
-        let shutdown = Arc::new(EventFd::new(EFD_NONBLOCK)?);
+        let state = Arc::new(DaemonState {
+            iothreads: Arc::new(threads),
+            info,
+            exports: Mutex::new(Vec::new()),
+            seccomp,
+            next_index: AtomicUsize::new(plans.len()),
+        });
         let mut daemon = Daemon {
-            iothreads: iothreads.clone(),
-            exports: Vec::new(),
-            shutdown: shutdown.clone(),
+            state: state.clone(),
+            control: None,
+            shutdown: Arc::new(EventFd::new(EFD_NONBLOCK)?),
             stopped: false,
         };
         for (index, (plan, disk)) in plans.into_iter().zip(disks).enumerate() {
-            let c = &plan.config;
-            let queue_size = c.queue_size;
-            let geometry = BlkGeometry {
-                capacity_sectors: disk.size / SECTOR_SIZE,
-                blk_size: disk.logical_block_size,
-                physical_block_exp: 0,
-                size_max: SIZE_MAX,
-                seg_max: queue_size.min(1024) as u32 - 2,
-                num_queues: c.queues,
-                max_discard_sectors: MAX_ZERO_SECTORS,
-                max_write_zeroes_sectors: MAX_ZERO_SECTORS,
-                write_zeroes_may_unmap: true,
-                read_only: c.read_only,
-            };
-            let limits = geometry.limits();
-            let serial = c.serial.as_deref().unwrap_or(&plan.name);
-            let size = disk.size;
-            let device = Arc::new(BlockDevice::new(plan.name.clone(), disk, limits, serial));
-            let shared = Arc::new(ExportShared {
-                index,
-                geometry,
-                device,
-                map: plan.map.clone().into(),
-                max_queue_size: queue_size,
-                iothreads: iothreads.clone(),
-            });
-            let sock_err = |message: String| DaemonError::Socket {
-                export: plan.name.clone(),
-                path: c.socket.clone(),
-                message,
-            };
-            let listener = bind_socket(&c.socket, plan.socket_mode).map_err(sock_err)?;
-            info!(
-                "export {}: {} ({} bytes, backend {:?}, cache {:?}{}) on {} with {} queues, mapping {}",
-                plan.name,
-                c.image.as_deref().map_or("null".into(), |p| p.display().to_string()),
-                size,
-                c.backend,
-                c.cache,
-                if c.read_only { ", read-only" } else { "" },
-                c.socket.display(),
-                c.queues,
-                plan.map
-            );
-            let sd = shutdown.clone();
-            let device = shared.device.clone();
-            let runner_shared = Arc::downgrade(&shared);
-            // The control thread holds the only export-side clone of the
-            // IOThread pool, so that `stop` can join the IOThreads.
-            let control = std::thread::Builder::new()
-                .name(format!("vqblk-ctl{index}"))
-                .spawn(move || {
-                    if let Err(e) = crate::seccomp::apply(ThreadKind::Control, seccomp) {
-                        error!("{e}: the control thread runs without a filter");
-                    }
-                    control_loop(listener, shared, sd)
-                })?;
-            daemon.exports.push(ExportRunner {
-                name: plan.name,
-                socket: c.socket.clone(),
-                device,
-                shared: runner_shared,
-                control: Some(control),
-            });
+            let runner = state.start_export(index, plan, disk)?;
+            state.exports.lock().unwrap().push(runner);
+        }
+        if let Some(c) = &config.control {
+            let listener = bind_socket(&c.socket, c.mode_bits()?).map_err(|message| {
+                DaemonError::ControlSocket {
+                    path: c.socket.clone(),
+                    message,
+                }
+            })?;
+            info!("control socket on {}", c.socket.display());
+            let j = crate::control::spawn(listener, state, daemon.shutdown.clone(), seccomp)?;
+            daemon.control = Some((j, c.socket.clone()));
         }
         Ok(daemon)
     }
 
     /// The sockets, in export order.
     pub fn sockets(&self) -> Vec<PathBuf> {
-        self.exports.iter().map(|e| e.socket.clone()).collect()
+        let exports = self.state.exports.lock().unwrap();
+        exports.iter().map(|e| e.socket.clone()).collect()
+    }
+
+    /// The control socket, when configured.
+    pub fn control_socket(&self) -> Option<&Path> {
+        self.control.as_ref().map(|(_, p)| p.as_path())
     }
 
     /// Counters of every IOThread.
     pub fn stats(&self) -> DaemonSnapshot {
-        DaemonSnapshot {
-            iothreads: self.iothreads.iter().map(|t| t.stats.snapshot()).collect(),
-        }
+        self.state.stats()
     }
 
     /// Stops accepting, drains in-flight requests, fsyncs writable images and
@@ -234,42 +432,45 @@ impl Daemon {
         self.stats()
     }
 
-    /// Stops the daemon, once: drain every frontend (the control threads
-    /// detach their rings and exit), stop the IOThreads, then fsync the
-    /// writable images and remove the sockets.
+    /// Stops the daemon, once: stop the control socket, drain every frontend
+    /// (the control threads detach their rings and exit), stop the IOThreads,
+    /// then fsync the writable images and remove the sockets.
     fn stop(&mut self) {
         if std::mem::replace(&mut self.stopped, true) {
             return;
         }
         let _ = self.shutdown.write(1);
-        for e in &mut self.exports {
-            if let Some(j) = e.control.take() {
-                let _ = j.join();
-            }
+        if let Some((j, path)) = self.control.take() {
+            let _ = j.join();
+            let _ = fs::remove_file(path);
+        }
+        let mut exports = std::mem::take(&mut *self.state.exports.lock().unwrap());
+        for e in &exports {
+            let _ = e.stop.write(1);
+        }
+        for e in &mut exports {
+            e.stop_and_join();
         }
         // Every connection is closed and drained and every control thread
-        // has exited with its clone of the pool: stop the IOThreads, so that
-        // no request can reach a disk after its fsync.
-        match Arc::get_mut(&mut self.iothreads) {
+        // (and the control socket's) has exited with its clone of the pool:
+        // stop the IOThreads, so that no request can reach a disk after its fsync.
+        match Arc::get_mut(&mut self.state).and_then(|s| Arc::get_mut(&mut s.iothreads)) {
             Some(threads) => {
                 for t in threads.iter_mut() {
                     t.stop();
                 }
             }
             None => {
-                // Not expected (every other clone lived in a control thread,
-                // all joined above); the threads still get the command.
+                // Not expected (every other clone lived in a joined thread);
+                // the threads still get the command.
                 error!("IOThread pool still shared at shutdown: stopping without joining");
-                for t in self.iothreads.iter() {
+                for t in self.state.iothreads.iter() {
                     t.send(Command::Stop);
                 }
             }
         }
-        for e in &self.exports {
-            if let Err(err) = e.device.disk.sync() {
-                error!("export {}: fsync failed: {err}", e.name);
-            }
-            let _ = fs::remove_file(&e.socket);
+        for e in &exports {
+            e.finish();
         }
     }
 }
@@ -305,7 +506,12 @@ fn bind_socket(path: &Path, mode: u32) -> Result<UnixListener, String> {
 
 /// One export's control thread: accept a frontend, serve its vhost-user
 /// messages until it goes away, drain, and accept the next one.
-fn control_loop(listener: UnixListener, shared: Arc<ExportShared>, shutdown: Arc<EventFd>) {
+fn control_loop(
+    listener: UnixListener,
+    shared: Arc<ExportShared>,
+    shutdown: Arc<EventFd>,
+    connected: Arc<AtomicBool>,
+) {
     let name = shared.device.name.clone();
     loop {
         if wait_readable(listener.as_raw_fd(), &shutdown, None) {
@@ -319,7 +525,10 @@ fn control_loop(listener: UnixListener, shared: Arc<ExportShared>, shutdown: Arc
             }
         };
         info!("export {name}: frontend connected");
-        if serve_frontend(stream, &shared, &shutdown) == SessionEnd::Shutdown {
+        connected.store(true, Ordering::Release);
+        let end = serve_frontend(stream, &shared, &shutdown);
+        connected.store(false, Ordering::Release);
+        if end == SessionEnd::Shutdown {
             break;
         }
     }
@@ -348,6 +557,7 @@ mod tests {
             .map(|_| {
                 std::thread::sleep(std::time::Duration::from_millis(5));
                 daemon
+                    .state
                     .iothreads
                     .iter()
                     .map(|t| t.stats.tid.load(std::sync::atomic::Ordering::Relaxed))

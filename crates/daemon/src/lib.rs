@@ -6,10 +6,12 @@
 //! - [`iothread`]: the request engine, one event loop per IOThread owning its queues;
 //! - [`virtio`]: descriptor chains to requests, and the device model;
 //! - [`block`]: backends that execute block operations (io_uring, threads, null).
+//! - [`control`]: the JSON-RPC control socket (`vqblk ctl`, `vqblk top`).
 
 pub mod block;
 pub mod cli;
 pub mod config;
+pub mod control;
 pub mod daemon;
 pub mod inflight;
 pub mod iothread;

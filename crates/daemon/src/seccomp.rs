@@ -6,13 +6,15 @@
 //! | kind | thread | may, beyond the common set |
 //! |---|---|---|
 //! | [`ThreadKind::Control`] | `vqblk-ctl<E>`: one export's vhost-user messages | accept, send and receive on unix sockets (with fds), map and check guest memory (`fstat`, `fcntl` for memfd seals), eventfds, create the inflight region (`memfd_create`, `ftruncate`) |
+//! | [`ThreadKind::Rpc`] | `vqblk-rpc`: the JSON-RPC control socket | the control set, plus what `export-add` / `export-del` take: open an image (`openat`, block-size ioctls), bind its socket (`socket`, `connect`, `bind`, `listen`, `chmod`, `mkdir`, `unlink`), start its thread (`clone3`...), `fdatasync` |
 //! | [`ThreadKind::IoThread`] | `vqblk-iot<N>` | epoll, io_uring, eventfds and timerfds, synchronous file I/O fallbacks |
 //! | [`ThreadKind::Worker`] | `vqblk-iot<N>-w<K>` (backend `threads`) | positional vectored I/O, `fallocate`, `fdatasync` |
 //!
 //! The common set is what any Rust thread needs to run and log: memory management,
-//! futexes, signals' own bookkeeping, clocks, `write` to stderr, `close`, exit. Nothing
-//! opens a path, creates a socket, executes a program or changes credentials once a
-//! filter is on. The lists come from tracing the test suite (`strace -f -ff`, per
+//! futexes, signals' own bookkeeping, clocks, `write` to stderr, `close`, exit. Apart
+//! from the control socket's thread (which adds exports at an operator's request),
+//! nothing opens a path or creates a socket once a filter is on, and no thread
+//! executes a program or changes credentials. The lists come from tracing the test suite (`strace -f -ff`, per
 //! thread name) and reading the code paths; `--seccomp log` lets an operator find a
 //! missing entry without a crash (the kernel logs the call, see `dmesg` / the audit log).
 //!
@@ -49,6 +51,9 @@ pub enum SeccompMode {
 pub enum ThreadKind {
     /// A per-export control thread: accepts the frontend and handles its messages.
     Control,
+    /// The JSON-RPC control socket's thread (`vqblk-rpc`): serves operators'
+    /// requests, opens and removes exports at run time.
+    Rpc,
     /// An IOThread's event loop.
     IoThread,
     /// A blocking worker of the `threads` backend.
@@ -124,6 +129,42 @@ const CONTROL: &[libc::c_long] = &[
     libc::SYS_ftruncate,
 ];
 
+/// The JSON-RPC thread, beyond [`CONTROL`] (it serves clients on a unix
+/// socket the same way): `export-add` opens an image (`openat`, the block
+/// device size ioctls, see [`program`]), binds the export's socket (`socket`,
+/// `connect` to detect a live one, `bind`, `listen`, `fchmodat`, `mkdirat`,
+/// `unlinkat` of a stale one) and starts its control thread (`clone3` and
+/// what a new thread does to itself, `seccomp` for its own narrower filter);
+/// `export-del` fdatasyncs the image and unlinks the socket; answers read
+/// `/proc/self/task/TID/stat` for CPU time (`openat`); client sockets get a
+/// send timeout (`setsockopt`).
+const RPC: &[libc::c_long] = &[
+    libc::SYS_openat,
+    libc::SYS_socket,
+    libc::SYS_connect,
+    libc::SYS_bind,
+    libc::SYS_listen,
+    libc::SYS_setsockopt,
+    libc::SYS_fchmodat,
+    libc::SYS_mkdirat,
+    libc::SYS_unlinkat,
+    libc::SYS_clone3,
+    libc::SYS_clone,
+    libc::SYS_set_robust_list,
+    libc::SYS_rseq,
+    libc::SYS_prctl,
+    libc::SYS_seccomp,
+    libc::SYS_fdatasync,
+    libc::SYS_fsync,
+    // glibc's chmod, mkdir and unlink use the old calls where they exist.
+    #[cfg(target_arch = "x86_64")]
+    libc::SYS_chmod,
+    #[cfg(target_arch = "x86_64")]
+    libc::SYS_mkdir,
+    #[cfg(target_arch = "x86_64")]
+    libc::SYS_unlink,
+];
+
 /// An IOThread: its event loop, io_uring, eventfds and timers. Backends are
 /// created on first use (io_uring_setup, a worker pool's threads: clone3 and
 /// what a new thread does to itself); a worker inherits this filter and adds
@@ -186,10 +227,17 @@ fn target_arch() -> Result<TargetArch, SeccompError> {
 pub fn allowed(kind: ThreadKind) -> Vec<libc::c_long> {
     let own = match kind {
         ThreadKind::Control => CONTROL,
+        ThreadKind::Rpc => RPC,
         ThreadKind::IoThread => IOTHREAD,
         ThreadKind::Worker => WORKER,
     };
-    let mut all: Vec<libc::c_long> = COMMON.iter().chain(own).copied().collect();
+    // The RPC thread serves its clients as a control thread serves a frontend.
+    let base: &[libc::c_long] = if kind == ThreadKind::Rpc {
+        CONTROL
+    } else {
+        &[]
+    };
+    let mut all: Vec<libc::c_long> = COMMON.iter().chain(base).chain(own).copied().collect();
     all.sort_unstable();
     all.dedup();
     all
@@ -203,13 +251,27 @@ pub fn program(kind: ThreadKind, mismatch: SeccompAction) -> Result<BpfProgram, 
     };
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
         allowed(kind).into_iter().map(|nr| (nr, vec![])).collect();
-    if kind == ThreadKind::Control {
-        // ioctl only as FIONREAD: how many bytes of a message have arrived.
-        let fionread =
-            SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, libc::FIONREAD)
-                .and_then(|c| SeccompRule::new(vec![c]))
-                .map_err(backend)?;
-        rules.insert(libc::SYS_ioctl, vec![fionread]);
+    // ioctl only as FIONREAD (how many bytes of a message have arrived) and,
+    // for the RPC thread's export-add, the size queries of a block device.
+    let ioctls: Vec<libc::c_ulong> = match kind {
+        ThreadKind::Control => vec![libc::FIONREAD],
+        ThreadKind::Rpc => vec![
+            libc::FIONREAD,
+            crate::block::blk::BLKGETSIZE64(),
+            crate::block::blk::BLKSSZGET(),
+        ],
+        _ => vec![],
+    };
+    if !ioctls.is_empty() {
+        let mut allowed = Vec::new();
+        for nr in ioctls {
+            allowed.push(
+                SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, nr)
+                    .and_then(|c| SeccompRule::new(vec![c]))
+                    .map_err(backend)?,
+            );
+        }
+        rules.insert(libc::SYS_ioctl, allowed);
     }
     let filter = SeccompFilter::new(rules, mismatch, SeccompAction::Allow, target_arch()?)
         .map_err(backend)?;
@@ -242,6 +304,7 @@ pub fn probe(mode: SeccompMode) -> Result<(), SeccompError> {
     }
     for kind in [
         ThreadKind::Control,
+        ThreadKind::Rpc,
         ThreadKind::IoThread,
         ThreadKind::Worker,
     ] {
@@ -292,6 +355,7 @@ extern "C" fn on_sigsys(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mu
     put(b"vqblk: seccomp: a ");
     put(match KIND.with(Cell::get) {
         Some(ThreadKind::Control) => b"control",
+        Some(ThreadKind::Rpc) => b"control-socket",
         Some(ThreadKind::IoThread) => b"IOThread",
         Some(ThreadKind::Worker) => b"worker",
         None => b"daemon",
@@ -415,6 +479,25 @@ mod tests {
                 assert!(!a.contains(&nr), "{kind:?} allows {nr}");
             }
         }
+    }
+
+    /// The control socket's thread may manage exports (open images, bind
+    /// sockets) but never execute, trace, change credentials or mount.
+    #[test]
+    fn the_rpc_thread_may_not_exec_or_change_credentials() {
+        let a = allowed(ThreadKind::Rpc);
+        for nr in [
+            libc::SYS_execve,
+            libc::SYS_execveat,
+            libc::SYS_ptrace,
+            libc::SYS_setuid,
+            libc::SYS_mount,
+            libc::SYS_fork,
+            libc::SYS_io_uring_setup,
+        ] {
+            assert!(!a.contains(&nr), "Rpc allows {nr}");
+        }
+        assert!(allowed(ThreadKind::Control).iter().all(|nr| a.contains(nr)));
     }
 
     #[test]

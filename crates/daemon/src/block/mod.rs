@@ -186,7 +186,7 @@ impl Disk {
 }
 
 /// Block device ioctls of linux/fs.h, numbered by vmm-sys-util's macros.
-mod blk {
+pub(crate) mod blk {
     #![allow(missing_docs)] // the macros generate one `pub fn NAME() -> c_ulong` each
     vmm_sys_util::ioctl_ior_nr!(BLKGETSIZE64, 0x12, 114, u64);
     vmm_sys_util::ioctl_io_nr!(BLKSSZGET, 0x12, 104);

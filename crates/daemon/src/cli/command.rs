@@ -81,6 +81,8 @@ pub struct ServeCommand {
     pub bounce_buffer_max: Option<u64>,
     /// `--takeover`: wait for a running daemon to release the sockets.
     pub takeover: bool,
+    /// `--control PATH`: the JSON-RPC control socket.
+    pub control: Option<PathBuf>,
 }
 
 /// The name clap gives a `ValueEnum` value on the command line.
@@ -173,6 +175,9 @@ impl ServeCommand {
         }
         if let Some(b) = self.bounce_buffer_max {
             flag("--bounce-buffer-max", b.to_string().into());
+        }
+        if let Some(p) = &self.control {
+            flag("--control", path(p));
         }
         if self.read_only {
             v.push("--read-only".into());

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use log::{info, warn};
 
-use super::Daemon;
+use super::{Daemon, DaemonState};
 use crate::iothread::{Command, QueueKey};
 use crate::mapping::MapError;
 
@@ -97,34 +97,37 @@ pub enum MoveError {
     },
 }
 
-impl Daemon {
+impl DaemonState {
     /// Moves virtqueue `queue` of export `export` to IOThread `iothread`
     /// while the guest runs (see the module documentation). Moving a queue to
     /// its owner does nothing; a bad export, queue or IOThread is refused
     /// before anything changes.
-    pub fn move_queue(
+    pub(crate) fn move_queue(
         &self,
         export: &str,
         queue: u16,
         iothread: usize,
     ) -> Result<QueueMoved, MoveError> {
-        let runner = self
-            .exports
-            .iter()
-            .find(|e| e.name == export)
-            .ok_or_else(|| MoveError::UnknownExport {
-                export: export.to_string(),
-                known: self
-                    .exports
-                    .iter()
-                    .map(|e| e.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
+        let shared = {
+            let exports = self.exports.lock().unwrap();
+            let runner = exports.iter().find(|e| e.name == export).ok_or_else(|| {
+                MoveError::UnknownExport {
+                    export: export.to_string(),
+                    known: exports
+                        .iter()
+                        .map(|e| e.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                }
             })?;
+            // The exports lock is not held across the move: `export-del`
+            // and queries must not wait for a drain.
+            runner.shared.clone()
+        };
         let stopping = || MoveError::Stopping {
             export: export.to_string(),
         };
-        let shared = runner.shared.upgrade().ok_or_else(stopping)?;
+        let shared = shared.upgrade().ok_or_else(stopping)?;
         let pool = shared.iothreads.len();
         let num_queues = shared.map.num_queues();
         if queue >= num_queues {
@@ -202,6 +205,20 @@ impl Daemon {
     }
 }
 
+impl Daemon {
+    /// Moves virtqueue `queue` of export `export` to IOThread `iothread`
+    /// while the guest runs (see the module documentation and
+    /// [`DaemonState::move_queue`]).
+    pub fn move_queue(
+        &self,
+        export: &str,
+        queue: u16,
+        iothread: usize,
+    ) -> Result<QueueMoved, MoveError> {
+        self.state.move_queue(export, queue, iothread)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -233,7 +250,7 @@ mod tests {
         assert!(e.to_string().starts_with("queue: virtqueue 4"), "{e}");
         let e = d.move_queue("db", 0, 2).unwrap_err();
         assert!(e.to_string().starts_with("iothread: IOThread 2"), "{e}");
-        let shared = d.exports[0].shared.upgrade().unwrap();
+        let shared = d.state.exports.lock().unwrap()[0].shared.upgrade().unwrap();
         assert_eq!(shared.map.snapshot().to_string(), "0:0,2;1:1,3");
     }
 
@@ -252,7 +269,7 @@ mod tests {
                 stall: Duration::ZERO
             }
         );
-        let shared = d.exports[0].shared.upgrade().unwrap();
+        let shared = d.state.exports.lock().unwrap()[0].shared.upgrade().unwrap();
         assert_eq!(shared.map.snapshot().to_string(), "0:0;1:1,2,3");
         let same = d.move_queue("db", 2, 1).unwrap();
         assert_eq!((same.from, same.to, same.handed_over), (1, 1, false));

@@ -494,6 +494,14 @@ impl IoThread {
                         q.call = call;
                     }
                 }
+                Command::SetPoll { mode, params } => {
+                    self.policy = PollPolicy::new(mode, params, self.queues.len() + 1);
+                    // Adaptive naps need the host's nap cost (about 1 ms to measure).
+                    if mode == PollMode::Adaptive {
+                        self.calibrate_naps();
+                    }
+                    debug!("{}: polling now {mode:?} {params:?}", self.name);
+                }
                 Command::Stop => {
                     self.stopping = true;
                     // Stop accepting guest work: detach-style drain of every queue.

@@ -169,6 +169,16 @@ pub enum Command {
         /// None: the queue is not served here (not started), nothing moved.
         reply: SyncSender<Option<HandedOver>>,
     },
+    /// Replace the polling algorithm and knobs of a running thread (the
+    /// control socket's `iothread-set`, as QEMU's `qom-set` on an iothread's
+    /// poll properties). The policy starts afresh: what the old one learnt
+    /// about the queues' rhythm does not carry over to new knobs.
+    SetPoll {
+        /// The new algorithm.
+        mode: PollMode,
+        /// The new knobs (validated by the sender).
+        params: PollParams,
+    },
     /// Drain everything and exit the thread.
     Stop,
 }

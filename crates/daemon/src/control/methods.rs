@@ -1,0 +1,482 @@
+//! The control socket's methods. Parameters are named (a JSON object, keys in
+//! kebab-case like the TOML file's); an unknown or bad one is refused with
+//! [`code::INVALID_PARAMS`] and a message that starts with its name.
+//!
+//! | method | parameters | result |
+//! |---|---|---|
+//! | `query-iothreads` | none | per IOThread: id, thread id, CPUs, polling, counters |
+//! | `query-exports` | none | per export: socket, image, backend, connection, queues with their IOThread and counters |
+//! | `iothread-set` | `id`, any of `poll`, `poll-max-ns`, `poll-grow`, `poll-shrink`, `poll-weight` | the thread's new polling settings |
+//! | `export-add` | the keys of a TOML `[[export]]` (`name` required) | `{ "name": ... }` |
+//! | `export-del` | `name`, `force` (default false) | `{}` |
+//! | `stats-reset` | none | `{}`: query-* count from now on |
+//! | `queue-move` | `export`, `queue`, `iothread` | `{}` |
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use serde_json::{json, Map, Value};
+
+use super::{code, RpcError};
+use crate::config::{BackendKind, ExportConfig};
+use crate::daemon::queue_move::MoveError;
+use crate::daemon::{DaemonError, DaemonState, DelError};
+use crate::iothread::Command;
+use crate::poll::{PollMode, PollParams};
+use crate::stats::{DaemonSnapshot, IoThreadSnapshot};
+
+/// The methods the control socket knows.
+pub const METHODS: &[&str] = &[
+    "query-iothreads",
+    "query-exports",
+    "iothread-set",
+    "export-add",
+    "export-del",
+    "stats-reset",
+    "queue-move",
+];
+
+/// The named parameters of one request, taken one by one; whatever is left
+/// at the end is an unknown parameter.
+pub struct Params(Map<String, Value>);
+
+impl Params {
+    /// Wraps a request's `params` object.
+    pub fn new(map: Map<String, Value>) -> Self {
+        Params(map)
+    }
+
+    /// An optional unsigned integer no larger than `max`.
+    pub fn u64(&mut self, name: &str, max: u64) -> Result<Option<u64>, RpcError> {
+        match self.0.remove(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => match v.as_u64() {
+                Some(n) if n <= max => Ok(Some(n)),
+                Some(n) => Err(RpcError::param(
+                    name,
+                    format!("{n} is out of range (0..={max})"),
+                )),
+                None => Err(RpcError::param(
+                    name,
+                    format!("{v} is not an unsigned integer"),
+                )),
+            },
+        }
+    }
+
+    /// A required unsigned integer no larger than `max`.
+    pub fn req_u64(&mut self, name: &str, max: u64) -> Result<u64, RpcError> {
+        self.u64(name, max)?
+            .ok_or_else(|| RpcError::param(name, "missing (an unsigned integer)"))
+    }
+
+    /// An optional string.
+    pub fn str(&mut self, name: &str) -> Result<Option<String>, RpcError> {
+        match self.0.remove(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(v) => Err(RpcError::param(name, format!("{v} is not a string"))),
+        }
+    }
+
+    /// A required string.
+    pub fn req_str(&mut self, name: &str) -> Result<String, RpcError> {
+        self.str(name)?
+            .ok_or_else(|| RpcError::param(name, "missing (a string)"))
+    }
+
+    /// An optional boolean, false when absent.
+    pub fn flag(&mut self, name: &str) -> Result<bool, RpcError> {
+        match self.0.remove(name) {
+            None | Some(Value::Null) => Ok(false),
+            Some(Value::Bool(b)) => Ok(b),
+            Some(v) => Err(RpcError::param(name, format!("{v} is not true or false"))),
+        }
+    }
+
+    /// Refuses any parameter not taken.
+    pub fn finish(self, method: &str) -> Result<(), RpcError> {
+        match self.0.keys().next() {
+            None => Ok(()),
+            Some(k) => Err(RpcError::param(k, format!("unknown parameter of {method}"))),
+        }
+    }
+}
+
+/// The control socket's view of the daemon, and the `stats-reset` baseline.
+pub(crate) struct Methods {
+    state: Arc<DaemonState>,
+    /// Counters at the last `stats-reset`: query-* report what happened since.
+    baseline: Option<DaemonSnapshot>,
+}
+
+impl Methods {
+    pub(crate) fn new(state: Arc<DaemonState>) -> Self {
+        Methods {
+            state,
+            baseline: None,
+        }
+    }
+
+    /// Runs `method` with `params`.
+    pub(crate) fn call(
+        &mut self,
+        method: &str,
+        params: Map<String, Value>,
+    ) -> Result<Value, RpcError> {
+        let mut p = Params::new(params);
+        match method {
+            "query-iothreads" => {
+                p.finish(method)?;
+                Ok(self.query_iothreads())
+            }
+            "query-exports" => {
+                p.finish(method)?;
+                Ok(self.query_exports())
+            }
+            "iothread-set" => self.iothread_set(p),
+            "export-add" => self.export_add(p),
+            "export-del" => {
+                let name = p.req_str("name")?;
+                let force = p.flag("force")?;
+                p.finish(method)?;
+                match self.state.del_export(&name, force) {
+                    Ok(()) => Ok(json!({})),
+                    Err(e @ DelError::NoSuchExport(_)) => Err(RpcError::param("name", e)),
+                    Err(e @ DelError::InUse(_)) => Err(RpcError::failed(e.to_string())),
+                }
+            }
+            "stats-reset" => {
+                p.finish(method)?;
+                self.baseline = Some(self.state.stats());
+                Ok(json!({}))
+            }
+            "queue-move" => self.queue_move(p),
+            _ => Err(RpcError::new(
+                code::METHOD_NOT_FOUND,
+                format!("unknown method {method:?} (known: {})", METHODS.join(", ")),
+            )),
+        }
+    }
+
+    /// Counters since the last `stats-reset`.
+    fn stats(&self) -> DaemonSnapshot {
+        since(&self.state.stats(), self.baseline.as_ref())
+    }
+
+    fn query_iothreads(&self) -> Value {
+        let stats = self.stats();
+        let exports = self.state.exports.lock().unwrap();
+        let threads: Vec<Value> = stats
+            .iothreads
+            .iter()
+            .zip(&self.state.info)
+            .enumerate()
+            .map(|(id, (s, info))| {
+                let (mode, params) = *info.poll.lock().unwrap();
+                let owned: Vec<Value> = exports
+                    .iter()
+                    .flat_map(|e| {
+                        e.map()
+                            .queues_of(id)
+                            .into_iter()
+                            .map(|q| json!({ "export": e.name, "queue": q }))
+                    })
+                    .collect();
+                let bytes = |f: fn(&crate::stats::QueueSnapshot) -> u64| {
+                    s.queues.iter().map(f).sum::<u64>()
+                };
+                json!({
+                    "id": id,
+                    "name": s.name,
+                    "thread-id": s.tid,
+                    "cpus": info.cpus,
+                    "poll": poll_json(mode, params),
+                    "poll-window-ns": s.poll_window_ns,
+                    "requests": s.requests,
+                    "bytes-read": bytes(|q| q.bytes_read),
+                    "bytes-written": bytes(|q| q.bytes_written),
+                    "errors": s.errors,
+                    "cpu-seconds": s.cpu_seconds,
+                    "poll-seconds": s.poll_seconds,
+                    "sleep-seconds": s.sleep_seconds,
+                    "passes": s.passes,
+                    "poll-attempts": s.poll_attempts,
+                    "poll-hits": s.poll_hits,
+                    "naps": s.naps,
+                    "kick-wakeups": s.kick_wakeups,
+                    "completion-wakeups": s.completion_wakeups,
+                    "queues": owned,
+                })
+            })
+            .collect();
+        Value::Array(threads)
+    }
+
+    fn query_exports(&self) -> Value {
+        let stats = self.stats();
+        let exports = self.state.exports.lock().unwrap();
+        let list: Vec<Value> = exports
+            .iter()
+            .map(|e| {
+                let map = e.map();
+                let queues: Vec<Value> = (0..map.num_queues())
+                    .map(|q| {
+                        // A queue's counters live with each IOThread that served it.
+                        let mut sum = [0u64; 8];
+                        for t in &stats.iothreads {
+                            for s in t
+                                .queues
+                                .iter()
+                                .filter(|s| s.export == e.name && s.queue == q)
+                            {
+                                let v = [
+                                    s.requests,
+                                    s.reads,
+                                    s.writes,
+                                    s.flushes,
+                                    s.other,
+                                    s.errors,
+                                    s.bytes_read,
+                                    s.bytes_written,
+                                ];
+                                for (a, b) in sum.iter_mut().zip(v) {
+                                    *a += b;
+                                }
+                            }
+                        }
+                        json!({
+                            "queue": q,
+                            "iothread": map.thread_of(q),
+                            "requests": sum[0],
+                            "reads": sum[1],
+                            "writes": sum[2],
+                            "flushes": sum[3],
+                            "other": sum[4],
+                            "errors": sum[5],
+                            "bytes-read": sum[6],
+                            "bytes-written": sum[7],
+                        })
+                    })
+                    .collect();
+                let c = &e.config;
+                json!({
+                    "name": e.name,
+                    "socket": e.socket,
+                    "image": c.image,
+                    "backend": backend_name(c.backend),
+                    "cache": format!("{:?}", c.cache).to_lowercase(),
+                    "read-only": c.read_only,
+                    "size-bytes": e.device.disk.size,
+                    "num-queues": map.num_queues(),
+                    "queue-size": c.queue_size,
+                    "connected": e.connected.load(Ordering::Acquire),
+                    "queues": queues,
+                })
+            })
+            .collect();
+        Value::Array(list)
+    }
+
+    fn iothread_set(&mut self, mut p: Params) -> Result<Value, RpcError> {
+        let pool = self.state.iothreads.len();
+        let id = p.req_u64("id", pool as u64 - 1)? as usize;
+        let mode = match p.str("poll")? {
+            None => None,
+            Some(m) => Some(
+                serde_json::from_value::<PollMode>(Value::String(m.clone())).map_err(|_| {
+                    RpcError::param(
+                        "poll",
+                        format!("{m:?} is not off, classic, weighted, busy or adaptive"),
+                    )
+                })?,
+            ),
+        };
+        let max_ns = p.u64("poll-max-ns", i64::MAX as u64)?;
+        let grow = p.u64("poll-grow", u64::MAX)?;
+        let shrink = p.u64("poll-shrink", u64::MAX)?;
+        let weight = p.u64("poll-weight", u32::MAX as u64)?;
+        p.finish("iothread-set")?;
+        let mut current = self.state.info[id].poll.lock().unwrap();
+        let (old_mode, old) = *current;
+        let params = PollParams {
+            poll_max_ns: max_ns.unwrap_or(old.poll_max_ns),
+            poll_grow: grow.unwrap_or(old.poll_grow),
+            poll_shrink: shrink.unwrap_or(old.poll_shrink),
+            poll_weight: weight.map_or(old.poll_weight, |w| w as u32),
+        };
+        params
+            .validate()
+            .map_err(|e| RpcError::param("poll-weight", e))?;
+        // As in the configuration: poll-weight alone picks between QEMU's
+        // two algorithms (0 = classic), when one of them runs.
+        let mode = match (mode, weight) {
+            (Some(m), _) => m,
+            (None, Some(_)) if matches!(old_mode, PollMode::Classic | PollMode::Weighted) => {
+                params.qemu_mode()
+            }
+            (None, _) => old_mode,
+        };
+        self.state.iothreads[id].send(Command::SetPoll { mode, params });
+        *current = (mode, params);
+        Ok(poll_json(mode, params))
+    }
+
+    fn export_add(&mut self, p: Params) -> Result<Value, RpcError> {
+        let config = export_config(p.0)?;
+        if config.name.is_none() {
+            return Err(RpcError::param(
+                "name",
+                "missing (export-add needs a name to address the export by)",
+            ));
+        }
+        match self.state.add_export(&config) {
+            Ok(name) => Ok(json!({ "name": name })),
+            Err(DaemonError::Config(e)) => Err(RpcError::param(&e.field, e.message)),
+            Err(e) => Err(RpcError::failed(e.to_string())),
+        }
+    }
+
+    fn queue_move(&mut self, mut p: Params) -> Result<Value, RpcError> {
+        let export = p.req_str("export")?;
+        let queue = p.req_u64("queue", u16::MAX as u64)? as u16;
+        let iothread = p.req_u64("iothread", u64::MAX)? as usize;
+        p.finish("queue-move")?;
+        let num_queues = {
+            let exports = self.state.exports.lock().unwrap();
+            let e = exports
+                .iter()
+                .find(|e| e.name == export)
+                .ok_or_else(|| RpcError::param("export", format!("no export named {export:?}")))?;
+            e.map().num_queues()
+        };
+        if queue >= num_queues {
+            let m = format!("export {export:?} has queues 0..{num_queues}, not {queue}");
+            return Err(RpcError::param("queue", m));
+        }
+        let pool = self.state.iothreads.len();
+        if iothread >= pool {
+            let m = format!("IOThread {iothread} does not exist (the pool has 0..{pool})");
+            return Err(RpcError::param("iothread", m));
+        }
+        match self.state.move_queue(&export, queue, iothread) {
+            Ok(m) => Ok(json!({
+                "from": m.from,
+                "to": m.to,
+                "handed-over": m.handed_over,
+                "drained": m.drained,
+                "stall-us": m.stall.as_micros() as u64,
+            })),
+            Err(e @ MoveError::UnknownExport { .. }) => {
+                Err(RpcError::param("export", e.to_string()))
+            }
+            Err(e @ MoveError::Queue { .. }) => Err(RpcError::param("queue", e.to_string())),
+            Err(e @ MoveError::IoThread { .. }) => Err(RpcError::param("iothread", e.to_string())),
+            Err(e) => Err(RpcError::failed(e.to_string())),
+        }
+    }
+}
+
+/// `export-add`'s parameters as an export's settings; a bad key is named.
+fn export_config(map: Map<String, Value>) -> Result<ExportConfig, RpcError> {
+    serde_json::from_value(Value::Object(map.clone())).map_err(|e| {
+        // serde names unknown and missing fields, not mistyped ones: try
+        // each key alone (with a stand-in socket) to find the culprit.
+        let culprit = map.iter().find_map(|(k, v)| {
+            let mut probe = Map::new();
+            probe.insert("socket".into(), json!("/"));
+            probe.insert(k.clone(), v.clone());
+            serde_json::from_value::<ExportConfig>(Value::Object(probe))
+                .is_err()
+                .then(|| k.clone())
+        });
+        let text = e.to_string();
+        let named = text.split('`').nth(1).map(str::to_string);
+        RpcError::param(culprit.or(named).as_deref().unwrap_or("params"), text)
+    })
+}
+
+fn backend_name(b: BackendKind) -> &'static str {
+    match b {
+        BackendKind::IoUring => "io_uring",
+        BackendKind::Threads => "threads",
+        BackendKind::Null => "null",
+    }
+}
+
+/// A polling setting as the control socket shows it.
+pub fn poll_json(mode: PollMode, p: PollParams) -> Value {
+    json!({
+        "mode": format!("{mode:?}").to_lowercase(),
+        "poll-max-ns": p.poll_max_ns,
+        "poll-grow": p.poll_grow,
+        "poll-shrink": p.poll_shrink,
+        "poll-weight": p.poll_weight,
+    })
+}
+
+/// `now` minus the counters of `base` (gauges are kept as they are). Counters
+/// never go backwards, so a missing baseline entry (a queue first served
+/// after the reset) counts from zero.
+pub fn since(now: &DaemonSnapshot, base: Option<&DaemonSnapshot>) -> DaemonSnapshot {
+    let mut out = now.clone();
+    let Some(base) = base else {
+        return out;
+    };
+    for (t, b) in out.iothreads.iter_mut().zip(&base.iothreads) {
+        thread_since(t, b);
+    }
+    out
+}
+
+fn thread_since(t: &mut IoThreadSnapshot, b: &IoThreadSnapshot) {
+    for (v, old) in [
+        (&mut t.requests, b.requests),
+        (&mut t.kick_wakeups, b.kick_wakeups),
+        (&mut t.completion_wakeups, b.completion_wakeups),
+        (&mut t.stale_edges, b.stale_edges),
+        (&mut t.passes, b.passes),
+        (&mut t.notifications, b.notifications),
+        (&mut t.notifications_suppressed, b.notifications_suppressed),
+        (&mut t.popped, b.popped),
+        (&mut t.used_publishes, b.used_publishes),
+        (&mut t.used_batches, b.used_batches),
+        (&mut t.kicks, b.kicks),
+        (&mut t.errors, b.errors),
+        (&mut t.broken_rings, b.broken_rings),
+        (&mut t.budget_exhausted, b.budget_exhausted),
+        (&mut t.poll_attempts, b.poll_attempts),
+        (&mut t.poll_hits, b.poll_hits),
+        (&mut t.naps, b.naps),
+    ] {
+        *v = v.saturating_sub(old);
+    }
+    for (v, old) in [
+        (&mut t.cpu_seconds, b.cpu_seconds),
+        (&mut t.poll_seconds, b.poll_seconds),
+        (&mut t.sleep_seconds, b.sleep_seconds),
+    ] {
+        *v = (*v - old).max(0.0);
+    }
+    for q in &mut t.queues {
+        let Some(o) = b
+            .queues
+            .iter()
+            .find(|o| o.export == q.export && o.queue == q.queue)
+        else {
+            continue;
+        };
+        for (v, old) in [
+            (&mut q.requests, o.requests),
+            (&mut q.reads, o.reads),
+            (&mut q.writes, o.writes),
+            (&mut q.flushes, o.flushes),
+            (&mut q.other, o.other),
+            (&mut q.errors, o.errors),
+            (&mut q.bytes_read, o.bytes_read),
+            (&mut q.bytes_written, o.bytes_written),
+        ] {
+            *v = v.saturating_sub(old);
+        }
+    }
+}
