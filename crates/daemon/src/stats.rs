@@ -2,6 +2,7 @@
 //! queue or of the thread) with relaxed atomics, and read by anyone for
 //! snapshots; no lock is taken on the data path.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -32,6 +33,144 @@ impl Counter {
     }
 }
 
+/// Why a request failed, as counted: a small fixed set, so that it can be a
+/// Prometheus label. The request engine maps each of its errors to one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The device model refused the request (a malformed chain or header, an
+    /// out-of-range sector, a write on a read-only export, ...).
+    Malformed,
+    /// An unknown request type or flags (virtio status UNSUPP).
+    Unsupported,
+    /// A buffer outside guest memory.
+    GuestMemory,
+    /// No bounce buffer (allocation failed, or beyond `bounce-buffer-max`, or
+    /// the copy failed).
+    BounceBuffer,
+    /// The backend refused the submission.
+    Submit,
+    /// The operation failed on the image (after the backend's own recovery).
+    Io,
+}
+
+impl ErrorKind {
+    /// Every kind, in the order of [`QueueCounters::errors_by_kind`].
+    pub const ALL: [ErrorKind; 6] = [
+        ErrorKind::Malformed,
+        ErrorKind::Unsupported,
+        ErrorKind::GuestMemory,
+        ErrorKind::BounceBuffer,
+        ErrorKind::Submit,
+        ErrorKind::Io,
+    ];
+
+    /// The label value (`kind="..."`) and the key in snapshots.
+    pub fn label(self) -> &'static str {
+        match self {
+            ErrorKind::Malformed => "malformed",
+            ErrorKind::Unsupported => "unsupported",
+            ErrorKind::GuestMemory => "guest_memory",
+            ErrorKind::BounceBuffer => "bounce_buffer",
+            ErrorKind::Submit => "submit",
+            ErrorKind::Io => "io",
+        }
+    }
+}
+
+/// Upper bounds of the request latency histogram's buckets, ns: 1, 2, 5 per
+/// decade from 1 us to 10 s (storage latencies, from a null backend's to a
+/// stalled disk's); a last bucket (+Inf) takes the rest.
+pub const LATENCY_BOUNDS_NS: [u64; 22] = [
+    1_000,
+    2_000,
+    5_000,
+    10_000,
+    20_000,
+    50_000,
+    100_000,
+    200_000,
+    500_000,
+    1_000_000,
+    2_000_000,
+    5_000_000,
+    10_000_000,
+    20_000_000,
+    50_000_000,
+    100_000_000,
+    200_000_000,
+    500_000_000,
+    1_000_000_000,
+    2_000_000_000,
+    5_000_000_000,
+    10_000_000_000,
+];
+
+/// Buckets of [`LatencyHistogram`]: one per bound, and +Inf.
+pub const LATENCY_BUCKETS: usize = LATENCY_BOUNDS_NS.len() + 1;
+
+/// A request latency histogram with one writer (the IOThread owning the
+/// queue): fixed buckets, relaxed atomics, no lock and no allocation per
+/// request. Readers sum histograms at scrape time.
+#[derive(Debug, Default)]
+pub struct LatencyHistogram {
+    /// Requests per bucket (not cumulative); the last one is +Inf.
+    buckets: [Counter; LATENCY_BUCKETS],
+    /// Sum of the observed latencies, ns.
+    sum_ns: Counter,
+}
+
+impl LatencyHistogram {
+    /// The bucket of a latency of `ns`: the first whose upper bound is at
+    /// least `ns` (Prometheus `le`), or the last (+Inf).
+    #[inline]
+    pub fn bucket(ns: u64) -> usize {
+        LATENCY_BOUNDS_NS.partition_point(|&b| b < ns)
+    }
+
+    /// Counts one request that took `ns`.
+    #[inline]
+    pub fn observe(&self, ns: u64) {
+        self.buckets[Self::bucket(ns)].add(1);
+        self.sum_ns.add(ns);
+    }
+
+    /// The current counts.
+    pub fn snapshot(&self) -> LatencySnapshot {
+        LatencySnapshot {
+            buckets: self.buckets.iter().map(Counter::get).collect(),
+            sum_ns: self.sum_ns.get(),
+        }
+    }
+}
+
+/// A latency histogram at one moment.
+#[derive(Debug, Clone, Default, Serialize, serde::Deserialize, PartialEq)]
+pub struct LatencySnapshot {
+    /// Requests per bucket, not cumulative: one entry per bound of
+    /// [`LATENCY_BOUNDS_NS`], then +Inf (empty: nothing counted).
+    pub buckets: Vec<u64>,
+    /// Sum of the latencies, ns.
+    pub sum_ns: u64,
+}
+
+impl LatencySnapshot {
+    /// Requests counted.
+    pub fn count(&self) -> u64 {
+        self.buckets.iter().sum()
+    }
+
+    /// Adds `other`'s counts to these.
+    pub fn merge(&mut self, other: &LatencySnapshot) {
+        if self.buckets.len() < other.buckets.len() {
+            self.buckets.resize(other.buckets.len(), 0);
+        }
+        for (a, b) in self.buckets.iter_mut().zip(&other.buckets) {
+            *a += b;
+        }
+        self.sum_ns += other.sum_ns;
+    }
+}
+
 /// Per-virtqueue counters, owned by the IOThread serving the queue.
 #[derive(Debug, Default)]
 pub struct QueueCounters {
@@ -51,6 +190,21 @@ pub struct QueueCounters {
     pub bytes_read: Counter,
     /// Bytes written by the guest.
     pub bytes_written: Counter,
+    /// Requests popped from the ring (in flight: popped minus `requests`).
+    pub popped: Counter,
+    /// Requests completed with an error, by [`ErrorKind`] (in the order of
+    /// [`ErrorKind::ALL`]).
+    pub errors_by_kind: [Counter; ErrorKind::ALL.len()],
+    /// Time from pop to completion of every request completed.
+    pub latency: LatencyHistogram,
+}
+
+impl QueueCounters {
+    /// Counts a failed request of `kind` (the total `errors` is counted apart).
+    #[inline]
+    pub fn error(&self, kind: ErrorKind) {
+        self.errors_by_kind[kind as usize].add(1);
+    }
 }
 
 /// Counters of one IOThread.
@@ -138,17 +292,30 @@ impl IoThreadStats {
             .lock()
             .unwrap()
             .iter()
-            .map(|(e, i, c)| QueueSnapshot {
-                export: e.clone(),
-                queue: *i,
-                requests: c.requests.get(),
-                reads: c.reads.get(),
-                writes: c.writes.get(),
-                flushes: c.flushes.get(),
-                other: c.other.get(),
-                errors: c.errors.get(),
-                bytes_read: c.bytes_read.get(),
-                bytes_written: c.bytes_written.get(),
+            .map(|(e, i, c)| {
+                // Completed first, popped second: both only grow and a request
+                // is popped before it completes, so in flight is never negative.
+                let requests = c.requests.get();
+                let popped = c.popped.get();
+                QueueSnapshot {
+                    export: e.clone(),
+                    queue: *i,
+                    requests,
+                    reads: c.reads.get(),
+                    writes: c.writes.get(),
+                    flushes: c.flushes.get(),
+                    other: c.other.get(),
+                    errors: c.errors.get(),
+                    bytes_read: c.bytes_read.get(),
+                    bytes_written: c.bytes_written.get(),
+                    popped,
+                    in_flight: popped.saturating_sub(requests),
+                    errors_by_kind: ErrorKind::ALL
+                        .iter()
+                        .map(|&k| (k.label().to_string(), c.errors_by_kind[k as usize].get()))
+                        .collect(),
+                    latency: c.latency.snapshot(),
+                }
             })
             .collect();
         queues.sort_by(|a, b| (&a.export, a.queue).cmp(&(&b.export, b.queue)));
@@ -224,6 +391,18 @@ pub struct QueueSnapshot {
     pub bytes_read: u64,
     /// Bytes written.
     pub bytes_written: u64,
+    /// Requests popped from the ring.
+    #[serde(default)]
+    pub popped: u64,
+    /// Requests popped and not completed yet.
+    #[serde(default)]
+    pub in_flight: u64,
+    /// Requests completed with an error, by kind ([`ErrorKind::label`]).
+    #[serde(default)]
+    pub errors_by_kind: BTreeMap<String, u64>,
+    /// Latency from pop to completion.
+    #[serde(default)]
+    pub latency: LatencySnapshot,
 }
 
 /// Counters of one IOThread at one moment.
@@ -298,4 +477,73 @@ pub struct IoThreadSnapshot {
 pub struct DaemonSnapshot {
     /// One entry per IOThread.
     pub iothreads: Vec<IoThreadSnapshot>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every bound is in its own bucket (`le` is inclusive), one more ns is
+    /// in the next, and beyond the last bound is +Inf.
+    #[test]
+    fn latency_buckets_follow_le() {
+        assert_eq!(LatencyHistogram::bucket(0), 0);
+        assert_eq!(LatencyHistogram::bucket(1), 0);
+        for (i, &b) in LATENCY_BOUNDS_NS.iter().enumerate() {
+            assert_eq!(LatencyHistogram::bucket(b), i, "bound {b}");
+            assert_eq!(LatencyHistogram::bucket(b + 1), i + 1, "bound {b} + 1");
+            if i > 0 {
+                assert_eq!(LatencyHistogram::bucket(LATENCY_BOUNDS_NS[i - 1] + 1), i);
+            }
+        }
+        assert_eq!(LatencyHistogram::bucket(u64::MAX), LATENCY_BUCKETS - 1);
+        assert!(LATENCY_BOUNDS_NS.windows(2).all(|w| w[0] < w[1]));
+    }
+
+    #[test]
+    fn latency_histogram_counts_and_merges() {
+        let h = LatencyHistogram::default();
+        for ns in [500, 1_500, 1_500, 3_000_000, 20_000_000_000] {
+            h.observe(ns);
+        }
+        let s = h.snapshot();
+        assert_eq!(s.buckets.len(), LATENCY_BUCKETS);
+        assert_eq!(s.count(), 5);
+        assert_eq!(s.sum_ns, 500 + 3_000 + 3_000_000 + 20_000_000_000);
+        assert_eq!((s.buckets[0], s.buckets[1]), (1, 2));
+        assert_eq!(s.buckets[LatencyHistogram::bucket(3_000_000)], 1);
+        assert_eq!(s.buckets[LATENCY_BUCKETS - 1], 1);
+        let mut total = LatencySnapshot::default();
+        total.merge(&s);
+        total.merge(&s);
+        assert_eq!(total.count(), 10);
+        assert_eq!(total.buckets[1], 4);
+        assert_eq!(total.sum_ns, 2 * s.sum_ns);
+    }
+
+    /// In flight is popped minus completed; errors are kept by kind.
+    #[test]
+    fn queue_snapshot_in_flight_and_error_kinds() {
+        let t = IoThreadStats::new("t".into());
+        let q = t.queue("e", 1);
+        q.popped.add(5);
+        q.requests.add(3);
+        q.error(ErrorKind::Io);
+        q.error(ErrorKind::Io);
+        q.error(ErrorKind::Malformed);
+        let s = t.snapshot();
+        let qs = &s.queues[0];
+        assert_eq!((qs.popped, qs.in_flight), (5, 2));
+        assert_eq!(qs.errors_by_kind["io"], 2);
+        assert_eq!(qs.errors_by_kind["malformed"], 1);
+        assert_eq!(qs.errors_by_kind["submit"], 0);
+        assert_eq!(qs.errors_by_kind.len(), ErrorKind::ALL.len());
+        // Older stats files (without the new fields) still read back.
+        let mut v = serde_json::to_value(qs).unwrap();
+        for f in ["popped", "in_flight", "errors_by_kind", "latency"] {
+            v.as_object_mut().unwrap().remove(f);
+        }
+        let old: QueueSnapshot = serde_json::from_value(v).unwrap();
+        assert_eq!(old.requests, 3);
+    }
 }

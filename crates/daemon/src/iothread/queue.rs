@@ -66,6 +66,8 @@ pub(super) struct QueueSlot {
     record: Option<InflightQueue>,
     /// Heads a dead daemon left in flight, executed before anything new.
     resubmit: VecDeque<u16>,
+    /// When each head (by index) was popped, for the latency histogram.
+    popped_at: Box<[Instant]>,
 }
 
 impl QueueSlot {
@@ -76,6 +78,7 @@ impl QueueSlot {
             Some(t) => (Some(t.record), t.resubmit),
             None => (None, Vec::new()),
         };
+        let size = a.queue.size() as usize;
         QueueSlot {
             key: a.key,
             queue: a.queue,
@@ -89,6 +92,7 @@ impl QueueSlot {
             detach: None,
             broken: false,
             notify: true,
+            popped_at: vec![Instant::now(); size].into(),
             record,
             resubmit: resubmit.into(),
         }
@@ -173,6 +177,7 @@ impl QueueSlot {
         exec: &mut Executor,
         mem: &Arc<GuestMem>,
         budget: &mut usize,
+        now: Instant,
     ) {
         let size = self.queue.size();
         let table = GuestAddress(self.queue.desc_table());
@@ -188,6 +193,7 @@ impl QueueSlot {
                 return;
             }
             let parsed = request::parse_head(&**mem, table, size, head, &self.device.limits);
+            self.popped_at[head as usize] = now;
             self.inflight += 1;
             exec.execute(id, parsed, mem, &self.device);
         }
@@ -233,8 +239,11 @@ impl QueueSlot {
         }
         let mem = self.memory();
         let mut budget = POP_BUDGET;
+        // One clock read per pass of a queue, not per request: the requests
+        // popped in one pass are popped within microseconds of each other.
+        let now = Instant::now();
         if self.resubmit_pending() {
-            self.resubmit(id, exec, &mem, &mut budget);
+            self.resubmit(id, exec, &mem, &mut budget, now);
             if self.resubmit_pending() || self.broken {
                 return if self.broken {
                     Popped::Drained
@@ -278,6 +287,7 @@ impl QueueSlot {
                         return Popped::Drained;
                     }
                 }
+                self.popped_at[chain.head_index() as usize] = now;
                 let parsed = request::parse(chain, &self.device.limits);
                 self.inflight += 1;
                 exec.execute(id, parsed, &mem, &self.device);
@@ -302,22 +312,28 @@ impl QueueSlot {
     /// Writes the status byte, puts the request on the used ring and counts
     /// it. The used length is the data written to guest buffers plus the
     /// status byte (0 if there is no status byte to write).
-    fn finish(&mut self, f: Finished, stats: &IoThreadStats, warn: &mut WarnLimiter) {
+    fn finish(&mut self, f: Finished, stats: &IoThreadStats, warn: &mut WarnLimiter, now: Instant) {
         let Finished {
             ticket,
             result,
             mem,
         } = f;
         let kind = ticket.kind;
+        let c = &self.counters;
         let (st, bytes) = match &result {
             Ok(n) => (status::OK, *n),
             Err(e) => {
                 if warn.allow() {
                     warn!("{} queue {}: {e}", self.device.name, self.key.queue);
                 }
+                c.error(e.kind());
                 (e.status(), 0)
             }
         };
+        if let Some(t) = self.popped_at.get(ticket.head as usize) {
+            c.latency
+                .observe(now.saturating_duration_since(*t).as_nanos() as u64);
+        }
         let data_len = if kind.is_some_and(ReqKind::writes_guest) {
             bytes as u32
         } else {
@@ -327,7 +343,6 @@ impl QueueSlot {
             Some(a) if mem.write_obj(st, a).is_ok() => data_len + 1,
             _ => 0,
         };
-        let c = &self.counters;
         match kind {
             Some(ReqKind::Read) => {
                 c.reads.add(1);
@@ -503,9 +518,9 @@ impl Queues {
         let inflight = q.inflight;
         let popped = q.process(id, exec, rearm);
         // Nothing finishes during `process`: the growth is what it popped.
-        self.stats
-            .popped
-            .add(q.inflight.saturating_sub(inflight) as u64);
+        let n = q.inflight.saturating_sub(inflight) as u64;
+        self.stats.popped.add(n);
+        q.counters.popped.add(n);
         if !was_broken && q.broken() {
             self.stats.broken_rings.add(1);
         }
@@ -521,9 +536,15 @@ impl Queues {
         let mut finished = std::mem::take(&mut self.finished);
         exec.complete(&mut finished);
         let published = self.stats.used_publishes.get();
+        if finished.is_empty() {
+            self.finished = finished;
+            return;
+        }
+        // One clock read per delivery round (latency histogram).
+        let now = Instant::now();
         for f in finished.drain(..) {
             match self.slots.get_mut(f.ticket.slot.0).and_then(Option::as_mut) {
-                Some(q) => q.finish(f, &self.stats, &mut self.warn),
+                Some(q) => q.finish(f, &self.stats, &mut self.warn, now),
                 None => error!("completion for a released queue slot {:?}", f.ticket.slot),
             }
         }
