@@ -212,6 +212,12 @@ impl Daemon {
         self.exports.iter().map(|e| e.socket.clone()).collect()
     }
 
+    /// The live counters of every IOThread (the pool is fixed), for readers
+    /// that outlive a snapshot: the metrics server.
+    pub fn iothread_stats(&self) -> Vec<Arc<crate::stats::IoThreadStats>> {
+        self.iothreads.iter().map(|t| t.stats.clone()).collect()
+    }
+
     /// Counters of every IOThread.
     pub fn stats(&self) -> DaemonSnapshot {
         DaemonSnapshot {

@@ -8,6 +8,7 @@
 //! | [`ThreadKind::Control`] | `vqblk-ctl<E>`: one export's vhost-user messages | accept, send and receive on unix sockets (with fds), map and check guest memory (`fstat`, `fcntl` for memfd seals), eventfds, create the inflight region (`memfd_create`, `ftruncate`) |
 //! | [`ThreadKind::IoThread`] | `vqblk-iot<N>` | epoll, io_uring, eventfds and timerfds, synchronous file I/O fallbacks |
 //! | [`ThreadKind::Worker`] | `vqblk-iot<N>-w<K>` (backend `threads`) | positional vectored I/O, `fallocate`, `fdatasync` |
+//! | [`ThreadKind::Metrics`] | `vqblk-metrics` and the HTTP server's threads it starts | accept and answer TCP connections on the listening socket it was given, start threads |
 //!
 //! The common set is what any Rust thread needs to run and log: memory management,
 //! futexes, signals' own bookkeeping, clocks, `write` to stderr, `close`, exit. Nothing
@@ -53,6 +54,9 @@ pub enum ThreadKind {
     IoThread,
     /// A blocking worker of the `threads` backend.
     Worker,
+    /// The Prometheus metrics thread (`--metrics`) and tiny_http's accept and
+    /// connection threads, which it starts under its filter.
+    Metrics,
 }
 
 /// A filter could not be built or installed.
@@ -173,6 +177,29 @@ const WORKER: &[libc::c_long] = &[
     libc::SYS_fsync,
 ];
 
+/// The metrics HTTP server: accept on the socket bound before the filter
+/// (`getsockname` for its address), read requests and send responses on the
+/// accepted connections (`fcntl` F_DUPFD_CLOEXEC: tiny_http keeps a read and a
+/// write handle; `getpeername`, `shutdown`), and start its threads (`clone3` and
+/// what a new thread does to itself). IOThread CPU time is read with
+/// `clock_gettime` on their thread CPU clocks (common set), not from /proc:
+/// no file is opened.
+const METRICS: &[libc::c_long] = &[
+    libc::SYS_accept4,
+    libc::SYS_getsockname,
+    libc::SYS_getpeername,
+    libc::SYS_recvfrom,
+    libc::SYS_read,
+    libc::SYS_readv,
+    libc::SYS_sendto,
+    libc::SYS_fcntl,
+    libc::SYS_shutdown,
+    libc::SYS_clone3,
+    libc::SYS_clone,
+    libc::SYS_set_robust_list,
+    libc::SYS_rseq,
+];
+
 fn target_arch() -> Result<TargetArch, SeccompError> {
     match std::env::consts::ARCH {
         "x86_64" => Ok(TargetArch::x86_64),
@@ -188,6 +215,7 @@ pub fn allowed(kind: ThreadKind) -> Vec<libc::c_long> {
         ThreadKind::Control => CONTROL,
         ThreadKind::IoThread => IOTHREAD,
         ThreadKind::Worker => WORKER,
+        ThreadKind::Metrics => METRICS,
     };
     let mut all: Vec<libc::c_long> = COMMON.iter().chain(own).copied().collect();
     all.sort_unstable();
@@ -240,10 +268,12 @@ pub fn probe(mode: SeccompMode) -> Result<(), SeccompError> {
     if mode == SeccompMode::Off {
         return Ok(());
     }
+    fix_malloc_arena_limit();
     for kind in [
         ThreadKind::Control,
         ThreadKind::IoThread,
         ThreadKind::Worker,
+        ThreadKind::Metrics,
     ] {
         program(kind, SeccompAction::Log)?;
     }
@@ -256,6 +286,30 @@ pub fn probe(mode: SeccompMode) -> Result<(), SeccompError> {
     })
     .join()
     .unwrap_or(Err(SeccompError::Arch("probe thread panicked")))
+}
+
+/// glibc's malloc gives each new thread an arena; when their number first
+/// passes 8 it sizes its arena limit from the number of online CPUs, which it
+/// reads from `/sys/devices/system/cpu/online`. If a filtered thread is the one
+/// that crosses the line (the metrics server's threads made it likely), that
+/// `openat` stops the process. Setting the limit up front, to the value glibc
+/// would compute (8 per online CPU), keeps malloc's behaviour and takes the
+/// file read out of filtered threads. An operator's own `MALLOC_ARENA_MAX` or
+/// tunable wins.
+fn fix_malloc_arena_limit() {
+    #[cfg(target_env = "gnu")]
+    {
+        let tunables = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
+        if std::env::var_os("MALLOC_ARENA_MAX").is_some() || tunables.contains("arena_max") {
+            return;
+        }
+        // SAFETY: sysconf and mallopt have no memory-safety preconditions;
+        // mallopt(M_ARENA_MAX) only sets a limit malloc reads under its lock.
+        unsafe {
+            let cpus = libc::sysconf(libc::_SC_NPROCESSORS_ONLN).clamp(1, 1 << 20) as libc::c_int;
+            libc::mallopt(libc::M_ARENA_MAX, 8 * cpus);
+        }
+    }
 }
 
 thread_local! {
@@ -294,6 +348,7 @@ extern "C" fn on_sigsys(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mu
         Some(ThreadKind::Control) => b"control",
         Some(ThreadKind::IoThread) => b"IOThread",
         Some(ThreadKind::Worker) => b"worker",
+        Some(ThreadKind::Metrics) => b"metrics",
         None => b"daemon",
     });
     put(b" thread made forbidden system call ");
@@ -396,6 +451,7 @@ mod tests {
             ThreadKind::Control,
             ThreadKind::IoThread,
             ThreadKind::Worker,
+            ThreadKind::Metrics,
         ] {
             let a = allowed(kind);
             for nr in [
@@ -423,6 +479,7 @@ mod tests {
             ThreadKind::Control,
             ThreadKind::IoThread,
             ThreadKind::Worker,
+            ThreadKind::Metrics,
         ] {
             let (sock, file, write_ok) = under_filter(kind, || {
                 let sock = socket_errno();
