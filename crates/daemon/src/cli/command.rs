@@ -81,6 +81,8 @@ pub struct ServeCommand {
     pub bounce_buffer_max: Option<u64>,
     /// `--takeover`: wait for a running daemon to release the sockets.
     pub takeover: bool,
+    /// `--metrics ADDR:PORT`: serve Prometheus metrics there (a bare port: loopback).
+    pub metrics: Option<String>,
 }
 
 /// The name clap gives a `ValueEnum` value on the command line.
@@ -173,6 +175,9 @@ impl ServeCommand {
         }
         if let Some(b) = self.bounce_buffer_max {
             flag("--bounce-buffer-max", b.to_string().into());
+        }
+        if let Some(m) = &self.metrics {
+            flag("--metrics", m.into());
         }
         if self.read_only {
             v.push("--read-only".into());

@@ -54,6 +54,7 @@ fn back(a: ServeArgs) -> ServeCommand {
         seccomp,
         bounce_buffer_max,
         takeover,
+        metrics,
     } = a;
     let bytes = |s: Option<String>| s.map(|s| crate::size::parse_size(&s).unwrap());
     ServeCommand {
@@ -93,6 +94,7 @@ fn back(a: ServeArgs) -> ServeCommand {
         seccomp,
         bounce_buffer_max: bytes(bounce_buffer_max),
         takeover,
+        metrics,
     }
 }
 
@@ -148,6 +150,7 @@ fn full() -> ServeCommand {
         seccomp: Some(crate::seccomp::SeccompMode::Log),
         bounce_buffer_max: Some(16 << 20),
         takeover: true,
+        metrics: Some("127.0.0.1:9100".into()),
     }
 }
 
