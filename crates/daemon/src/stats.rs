@@ -530,19 +530,30 @@ mod tests {
     /// (as /proc's utime + stime does, at tick resolution).
     #[test]
     fn thread_cpu_seconds_reads_another_threads_clock() {
+        fn own_cpu() -> f64 {
+            let mut ts = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            // SAFETY: `ts` is a valid, writable timespec.
+            unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+            ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
+        }
         let (tx, rx) = std::sync::mpsc::channel();
         let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
         let spinner = std::thread::spawn(move || {
-            // SAFETY: gettid has no preconditions.
-            tx.send(unsafe { libc::gettid() } as u64).unwrap();
+            // Spin until this thread has used 50 ms of CPU (bounded: a loaded
+            // machine gives it less than the wall time).
             let t = std::time::Instant::now();
-            while t.elapsed() < std::time::Duration::from_millis(60) {
+            while own_cpu() < 0.05 && t.elapsed() < std::time::Duration::from_secs(10) {
                 std::hint::spin_loop();
             }
+            // SAFETY: gettid has no preconditions.
+            tx.send((unsafe { libc::gettid() } as u64, own_cpu()))
+                .unwrap();
             done_rx.recv().unwrap();
         });
-        let tid = rx.recv().unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(120));
+        let (tid, used) = rx.recv().unwrap();
         let clock = thread_cpu_seconds(tid);
         let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap();
         let f: Vec<&str> = stat
@@ -556,7 +567,11 @@ mod tests {
         let proc = ticks as f64 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
         done_tx.send(()).unwrap();
         spinner.join().unwrap();
-        assert!(clock >= 0.04, "spun 60 ms, clock says {clock}");
+        assert!(used >= 0.05, "the spinner used {used} s");
+        assert!(
+            clock >= used && clock < used + 0.02,
+            "clock {clock} vs the thread's own {used}"
+        );
         assert!((clock - proc).abs() < 0.05, "clock {clock} vs /proc {proc}");
         assert_eq!(thread_cpu_seconds(0), 0.0);
         assert_eq!(thread_cpu_seconds(u32::MAX as u64), 0.0);
