@@ -27,12 +27,17 @@ impl Serve {
     /// A null export with `queues` queues over two IOThreads, metrics on a
     /// free loopback port; `env` is added to the child's environment.
     fn start(dir: &Path, queues: u16, env: &[(&str, &Path)]) -> Serve {
+        Serve::start_with(dir, queues, env, &[])
+    }
+
+    fn start_with(dir: &Path, queues: u16, env: &[(&str, &Path)], extra: &[&str]) -> Serve {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_vqblk"));
         cmd.args(["serve", "--backend", "null", "--size", "64M"])
             .args(["--queues", &queues.to_string(), "--iothreads", "2"])
             .args(["--metrics", "127.0.0.1:0", "--log-level", "warn"])
             .arg("--socket")
             .arg(dir.join("disk.sock"))
+            .args(extra)
             .stdout(Stdio::piped());
         for (k, v) in env {
             cmd.env(k, v);
@@ -217,6 +222,52 @@ fn scrape_agrees_with_the_clients_io() {
         0,
         "clean exit with the metrics server running"
     );
+}
+
+/// Requests held by the null backend's latency show in the in-flight gauge
+/// while they wait, and land in the latency bucket that holds that latency.
+#[test]
+fn in_flight_gauge_and_latency_buckets() {
+    let dir = scratch("metrics-latency");
+    // 120 ms: above the 0.1 s bound, 80 ms below the 0.2 s one.
+    let d = Serve::start_with(&dir, 1, &[], &["--latency-ns", "120000000"]);
+    let addr = d.metrics_addr();
+    let mut c = Client::connect(&dir.join("disk.sock"), 1).unwrap();
+    const N: usize = 8;
+    let p = c.region.addr as *const u8;
+    for i in 0..N {
+        c.queues[0].write((i * 4096) as u64, p, 4096, i, blkio::ReqFlags::empty());
+    }
+    let mut none: Vec<std::mem::MaybeUninit<blkio::Completion>> = Vec::new();
+    c.queues[0].do_io(&mut none, 0, None, None).unwrap();
+    let gauge = "vqblk_requests_in_flight";
+    let mut seen = 0.0;
+    for _ in 0..100 {
+        seen = sum(&samples(&get(addr, "/metrics").1), gauge, &[]);
+        if seen == N as f64 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(seen, N as f64, "{gauge} while the requests wait");
+    for (_, ret) in Client::wait(&mut c.queues[0], N) {
+        assert_eq!(ret, 0);
+    }
+    let text = get(addr, "/metrics").1;
+    promtool_check(&text);
+    let s = samples(&text);
+    assert_eq!(sum(&s, gauge, &[]), 0.0);
+    let bucket = |le: &str| {
+        sum(
+            &s,
+            "vqblk_request_duration_seconds_bucket",
+            &[&format!("le=\"{le}\"")],
+        )
+    };
+    assert_eq!(bucket("0.1"), 0.0, "{text}");
+    assert_eq!(bucket("0.2"), N as f64, "{text}");
+    let mean = sum(&s, "vqblk_request_duration_seconds_sum", &[]) / N as f64;
+    assert!((0.12..0.2).contains(&mean), "mean latency {mean}");
 }
 
 /// With NOTIFY_SOCKET set, the daemon sends READY=1 once its sockets listen,
