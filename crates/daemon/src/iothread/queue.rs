@@ -233,15 +233,19 @@ impl QueueSlot {
     /// are re-enabled afterwards (the thread will sleep; a request that raced
     /// with that is popped too); otherwise they stay off (the thread will
     /// poll, or come back for what the budget left).
-    pub fn process(&mut self, id: SlotId, exec: &mut Executor, rearm: bool) -> Popped {
+    /// `now` is the pass's clock (the pop time of what it pops).
+    pub fn process(
+        &mut self,
+        id: SlotId,
+        exec: &mut Executor,
+        rearm: bool,
+        now: Instant,
+    ) -> Popped {
         if !self.active() {
             return Popped::Drained;
         }
         let mem = self.memory();
         let mut budget = POP_BUDGET;
-        // One clock read per pass of a queue, not per request: the requests
-        // popped in one pass are popped within microseconds of each other.
-        let now = Instant::now();
         if self.resubmit_pending() {
             self.resubmit(id, exec, &mem, &mut budget, now);
             if self.resubmit_pending() || self.broken {
@@ -424,6 +428,12 @@ pub(super) struct Queues {
     warn: WarnLimiter,
     /// Scratch list of finished requests.
     finished: Vec<Finished>,
+    /// The current pass's clock (when its wait ended), set by the event
+    /// loop and cleared at the end of the pass: the pop and completion time
+    /// of the requests the pass handles, so the latency histogram costs no
+    /// clock read of its own. Outside a pass (a queue attached while the
+    /// thread slept) the clock is read.
+    clock: Option<Instant>,
 }
 
 impl Queues {
@@ -434,7 +444,17 @@ impl Queues {
             stats,
             warn: WarnLimiter::default(),
             finished: Vec::new(),
+            clock: None,
         }
+    }
+
+    /// Sets the pass's clock (see `clock`), until [`Queues::notify`] ends the pass.
+    pub fn set_clock(&mut self, now: Instant) {
+        self.clock = Some(now);
+    }
+
+    fn now(&self) -> Instant {
+        self.clock.unwrap_or_else(Instant::now)
     }
 
     /// The slot `id`, if it serves a queue.
@@ -511,12 +531,13 @@ impl Queues {
     /// Pops and executes the available requests of queue `id`, up to its
     /// budget; counts a ring found broken and a budget used up.
     pub fn process(&mut self, id: SlotId, exec: &mut Executor, rearm: bool) -> Popped {
+        let now = self.now();
         let Some(q) = self.slots.get_mut(id.0).and_then(Option::as_mut) else {
             return Popped::Drained;
         };
         let was_broken = q.broken();
         let inflight = q.inflight;
-        let popped = q.process(id, exec, rearm);
+        let popped = q.process(id, exec, rearm, now);
         // Nothing finishes during `process`: the growth is what it popped.
         let n = q.inflight.saturating_sub(inflight) as u64;
         self.stats.popped.add(n);
@@ -540,8 +561,7 @@ impl Queues {
             self.finished = finished;
             return;
         }
-        // One clock read per delivery round (latency histogram).
-        let now = Instant::now();
+        let now = self.now();
         for f in finished.drain(..) {
             match self.slots.get_mut(f.ticket.slot.0).and_then(Option::as_mut) {
                 Some(q) => q.finish(f, &self.stats, &mut self.warn, now),
@@ -554,8 +574,10 @@ impl Queues {
         self.finished = finished;
     }
 
-    /// One notification per queue that finished something since the last call.
+    /// One notification per queue that finished something since the last
+    /// call; the end of a pass (its clock is dropped).
     pub fn notify(&mut self) {
+        self.clock = None;
         for q in self.slots.iter_mut().flatten() {
             q.notify_guest(&self.stats);
         }
