@@ -10,6 +10,7 @@ use log::{error, info};
 use crate::config::{BackendKind, CacheMode, ExportConfig, IoThreadConfig, ServeConfig};
 use crate::daemon::Daemon;
 use crate::mapping::VirtqueueMap;
+use crate::metrics::MetricsServer;
 
 mod command;
 pub use command::{IoThreadPin, ServeCommand};
@@ -115,6 +116,11 @@ pub struct ServeArgs {
     /// beyond it waits. Overrides `iothreads.bounce-buffer-max` of --config.
     #[arg(long, value_name = "SIZE")]
     pub bounce_buffer_max: Option<String>,
+    /// Serve Prometheus metrics at http://ADDR:PORT/metrics; a bare PORT means
+    /// 127.0.0.1 (port 0: any free port, printed at start). Overrides
+    /// `[metrics] listen` of --config.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics: Option<String>,
 }
 
 impl ServeArgs {
@@ -214,6 +220,9 @@ impl ServeArgs {
                 mode,
             });
         }
+        if let Some(m) = &self.metrics {
+            cfg.metrics = Some(crate::config::MetricsConfig { listen: m.clone() });
+        }
     }
 }
 
@@ -300,6 +309,19 @@ pub fn run_serve(args: ServeArgs) -> i32 {
             return 2;
         }
     };
+    let metrics = match &cfg.metrics {
+        None => None,
+        Some(m) => {
+            let addr = m.addr().expect("validated");
+            match MetricsServer::start(addr, daemon.iothread_stats(), cfg.seccomp) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    eprintln!("vqblk serve: --metrics {addr}: {e}");
+                    return 2;
+                }
+            }
+        }
+    };
     if default {
         let e = &cfg.exports[0];
         println!(
@@ -319,7 +341,14 @@ pub fn run_serve(args: ServeArgs) -> i32 {
             qemu_command_line(&sock, e.queues)
         );
     }
+    if let Some(m) = &metrics {
+        println!("vqblk: metrics at http://{}/metrics", m.local_addr());
+    }
     let _ = std::io::stdout().flush();
+    // Every socket listens: tell systemd (Type=notify), if it asked.
+    if let Err(e) = sd_notify::notify(&[sd_notify::NotifyState::Ready]) {
+        error!("sd_notify READY=1: {e}");
+    }
     let mut signals = signals;
     for sig in signals.forever() {
         if sig == libc::SIGUSR1 {
@@ -328,6 +357,12 @@ pub fn run_serve(args: ServeArgs) -> i32 {
         }
         info!("signal {sig}: shutting down");
         break;
+    }
+    if let Err(e) = sd_notify::notify(&[sd_notify::NotifyState::Stopping]) {
+        error!("sd_notify STOPPING=1: {e}");
+    }
+    if let Some(m) = metrics {
+        m.stop();
     }
     let stats = daemon.shutdown();
     match serde_json::to_string(&stats) {
@@ -356,6 +391,7 @@ pub fn flag_name(field: &str) -> String {
         "iothreads.count" | "iothreads" => "--iothreads".into(),
         "iothreads.bounce-buffer-max" => "--bounce-buffer-max".into(),
         "control.socket" => "--control".into(),
+        "metrics.listen" => "--metrics".into(),
         "iothread-vq-mapping" => "--map".into(),
         f if f.starts_with("iothreads.thread") => "--iothread-pin".into(),
         f if !f.contains('.') && !f.contains('[') => format!("--{f}"),

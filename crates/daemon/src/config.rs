@@ -310,6 +310,9 @@ pub struct ServeConfig {
     /// The JSON-RPC control socket (`[control]`; none unless configured).
     #[serde(default)]
     pub control: Option<ControlConfig>,
+    /// The Prometheus metrics endpoint (`[metrics]`); none by default.
+    #[serde(default)]
+    pub metrics: Option<MetricsConfig>,
 }
 
 /// The `[control]` table: where the JSON-RPC control socket listens.
@@ -346,6 +349,36 @@ fn parse_mode(m: &str) -> Option<u32> {
         .filter(|m| *m <= 0o777)
 }
 
+/// `[metrics]`: where `GET /metrics` is served (`--metrics`).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct MetricsConfig {
+    /// `ADDR:PORT`, or a bare `PORT` (or `:PORT`) for the loopback address
+    /// 127.0.0.1; e.g. `"127.0.0.1:9100"`, `"[::1]:9100"`, `"9100"`.
+    pub listen: String,
+}
+
+impl MetricsConfig {
+    /// The socket address to listen on.
+    pub fn addr(&self) -> Result<std::net::SocketAddr, ConfigError> {
+        parse_listen(&self.listen).map_err(|m| ConfigError::new("metrics.listen", m))
+    }
+}
+
+/// Parses a listen address: `ADDR:PORT` (IPv6 in brackets), or a port alone
+/// (`9100`, `:9100`), which means the loopback address 127.0.0.1.
+pub fn parse_listen(s: &str) -> Result<std::net::SocketAddr, String> {
+    use std::net::{Ipv4Addr, SocketAddr};
+    let t = s.trim();
+    let port_only = t.strip_prefix(':').unwrap_or(t);
+    if let Ok(port) = port_only.parse::<u16>() {
+        return Ok(SocketAddr::from((Ipv4Addr::LOCALHOST, port)));
+    }
+    t.parse().map_err(|_| {
+        format!("{s:?} is not ADDR:PORT or PORT (e.g. 127.0.0.1:9100, [::1]:9100, 9100)")
+    })
+}
+
 /// An export after validation: everything resolved to concrete values.
 #[derive(Debug, Clone)]
 pub struct ExportPlan {
@@ -377,6 +410,9 @@ impl ServeConfig {
 
     /// Checks every field and resolves the mapping of every export.
     pub fn validate(&self) -> Result<Vec<ExportPlan>, ConfigError> {
+        if let Some(m) = &self.metrics {
+            m.addr()?;
+        }
         let pool = self.iothreads.count;
         if pool == 0 || pool > MAX_IOTHREADS {
             return Err(ConfigError::new(
@@ -633,6 +669,23 @@ size = "1G"
 socket = "/run/vqblk/null.sock"
 queues = 2
 "#;
+
+    #[test]
+    fn metrics_listen_defaults_to_loopback() {
+        let addr = |s: &str| parse_listen(s).map(|a| a.to_string());
+        assert_eq!(addr("9100").unwrap(), "127.0.0.1:9100");
+        assert_eq!(addr(":9100").unwrap(), "127.0.0.1:9100");
+        assert_eq!(addr("0.0.0.0:9100").unwrap(), "0.0.0.0:9100");
+        assert_eq!(addr("[::1]:0").unwrap(), "[::1]:0");
+        assert!(addr("localhost:9100").is_err());
+        assert!(addr("70000").is_err());
+        let c =
+            ServeConfig::from_toml(&format!("{SAMPLE}\n[metrics]\nlisten = \"9100\"\n")).unwrap();
+        assert_eq!(c.metrics.as_ref().unwrap().addr().unwrap().port(), 9100);
+        let bad =
+            ServeConfig::from_toml(&format!("{SAMPLE}\n[metrics]\nlisten = \"x\"\n")).unwrap();
+        assert_eq!(bad.validate().unwrap_err().field, "metrics.listen");
+    }
 
     #[test]
     fn parses_sample() {

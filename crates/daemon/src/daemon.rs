@@ -420,6 +420,16 @@ impl Daemon {
         self.control.as_ref().map(|(_, p)| p.as_path())
     }
 
+    /// The live counters of every IOThread (the pool is fixed), for readers
+    /// that outlive a snapshot: the metrics server.
+    pub fn iothread_stats(&self) -> Vec<Arc<crate::stats::IoThreadStats>> {
+        self.state
+            .iothreads
+            .iter()
+            .map(|t| t.stats.clone())
+            .collect()
+    }
+
     /// Counters of every IOThread.
     pub fn stats(&self) -> DaemonSnapshot {
         self.state.stats()

@@ -17,6 +17,7 @@ pub mod inflight;
 pub mod iothread;
 pub mod logging;
 pub mod mapping;
+pub mod metrics;
 pub mod poll;
 pub mod seccomp;
 pub mod size;

@@ -9,6 +9,7 @@
 //! | [`ThreadKind::Rpc`] | `vqblk-rpc`: the JSON-RPC control socket | the control set, plus what `export-add` / `export-del` take: open an image (`openat`, block-size ioctls), bind its socket (`socket`, `connect`, `bind`, `listen`, `chmod`, `mkdir`, `unlink`), start its thread (`clone3`...), `fdatasync` |
 //! | [`ThreadKind::IoThread`] | `vqblk-iot<N>` | epoll, io_uring, eventfds and timerfds, synchronous file I/O fallbacks |
 //! | [`ThreadKind::Worker`] | `vqblk-iot<N>-w<K>` (backend `threads`) | positional vectored I/O, `fallocate`, `fdatasync` |
+//! | [`ThreadKind::Metrics`] | `vqblk-metrics` and the HTTP server's threads it starts | accept and answer TCP connections on the listening socket it was given, start threads |
 //!
 //! The common set is what any Rust thread needs to run and log: memory management,
 //! futexes, signals' own bookkeeping, clocks, `write` to stderr, `close`, exit. Apart
@@ -58,6 +59,9 @@ pub enum ThreadKind {
     IoThread,
     /// A blocking worker of the `threads` backend.
     Worker,
+    /// The Prometheus metrics thread (`--metrics`) and tiny_http's accept and
+    /// connection threads, which it starts under its filter.
+    Metrics,
 }
 
 /// A filter could not be built or installed.
@@ -214,6 +218,29 @@ const WORKER: &[libc::c_long] = &[
     libc::SYS_fsync,
 ];
 
+/// The metrics HTTP server: accept on the socket bound before the filter
+/// (`getsockname` for its address), read requests and send responses on the
+/// accepted connections (`fcntl` F_DUPFD_CLOEXEC: tiny_http keeps a read and a
+/// write handle; `getpeername`, `shutdown`), and start its threads (`clone3` and
+/// what a new thread does to itself). IOThread CPU time is read with
+/// `clock_gettime` on their thread CPU clocks (common set), not from /proc:
+/// no file is opened.
+const METRICS: &[libc::c_long] = &[
+    libc::SYS_accept4,
+    libc::SYS_getsockname,
+    libc::SYS_getpeername,
+    libc::SYS_recvfrom,
+    libc::SYS_read,
+    libc::SYS_readv,
+    libc::SYS_sendto,
+    libc::SYS_fcntl,
+    libc::SYS_shutdown,
+    libc::SYS_clone3,
+    libc::SYS_clone,
+    libc::SYS_set_robust_list,
+    libc::SYS_rseq,
+];
+
 fn target_arch() -> Result<TargetArch, SeccompError> {
     match std::env::consts::ARCH {
         "x86_64" => Ok(TargetArch::x86_64),
@@ -230,6 +257,7 @@ pub fn allowed(kind: ThreadKind) -> Vec<libc::c_long> {
         ThreadKind::Rpc => RPC,
         ThreadKind::IoThread => IOTHREAD,
         ThreadKind::Worker => WORKER,
+        ThreadKind::Metrics => METRICS,
     };
     // The RPC thread serves its clients as a control thread serves a frontend.
     let base: &[libc::c_long] = if kind == ThreadKind::Rpc {
@@ -302,11 +330,13 @@ pub fn probe(mode: SeccompMode) -> Result<(), SeccompError> {
     if mode == SeccompMode::Off {
         return Ok(());
     }
+    fix_malloc_arena_limit();
     for kind in [
         ThreadKind::Control,
         ThreadKind::Rpc,
         ThreadKind::IoThread,
         ThreadKind::Worker,
+        ThreadKind::Metrics,
     ] {
         program(kind, SeccompAction::Log)?;
     }
@@ -319,6 +349,30 @@ pub fn probe(mode: SeccompMode) -> Result<(), SeccompError> {
     })
     .join()
     .unwrap_or(Err(SeccompError::Arch("probe thread panicked")))
+}
+
+/// glibc's malloc gives each new thread an arena; when their number first
+/// passes 8 it sizes its arena limit from the number of online CPUs, which it
+/// reads from `/sys/devices/system/cpu/online`. If a filtered thread is the one
+/// that crosses the line (the metrics server's threads made it likely), that
+/// `openat` stops the process. Setting the limit up front, to the value glibc
+/// would compute (8 per online CPU), keeps malloc's behaviour and takes the
+/// file read out of filtered threads. An operator's own `MALLOC_ARENA_MAX` or
+/// tunable wins.
+fn fix_malloc_arena_limit() {
+    #[cfg(target_env = "gnu")]
+    {
+        let tunables = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
+        if std::env::var_os("MALLOC_ARENA_MAX").is_some() || tunables.contains("arena_max") {
+            return;
+        }
+        // SAFETY: sysconf and mallopt have no memory-safety preconditions;
+        // mallopt(M_ARENA_MAX) only sets a limit malloc reads under its lock.
+        unsafe {
+            let cpus = libc::sysconf(libc::_SC_NPROCESSORS_ONLN).clamp(1, 1 << 20) as libc::c_int;
+            libc::mallopt(libc::M_ARENA_MAX, 8 * cpus);
+        }
+    }
 }
 
 thread_local! {
@@ -358,6 +412,7 @@ extern "C" fn on_sigsys(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mu
         Some(ThreadKind::Rpc) => b"control-socket",
         Some(ThreadKind::IoThread) => b"IOThread",
         Some(ThreadKind::Worker) => b"worker",
+        Some(ThreadKind::Metrics) => b"metrics",
         None => b"daemon",
     });
     put(b" thread made forbidden system call ");
@@ -460,6 +515,7 @@ mod tests {
             ThreadKind::Control,
             ThreadKind::IoThread,
             ThreadKind::Worker,
+            ThreadKind::Metrics,
         ] {
             let a = allowed(kind);
             for nr in [
@@ -506,6 +562,7 @@ mod tests {
             ThreadKind::Control,
             ThreadKind::IoThread,
             ThreadKind::Worker,
+            ThreadKind::Metrics,
         ] {
             let (sock, file, write_ok) = under_filter(kind, || {
                 let sock = socket_errno();

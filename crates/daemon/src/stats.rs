@@ -2,6 +2,7 @@
 //! queue or of the thread) with relaxed atomics, and read by anyone for
 //! snapshots; no lock is taken on the data path.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -32,6 +33,144 @@ impl Counter {
     }
 }
 
+/// Why a request failed, as counted: a small fixed set, so that it can be a
+/// Prometheus label. The request engine maps each of its errors to one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The device model refused the request (a malformed chain or header, an
+    /// out-of-range sector, a write on a read-only export, ...).
+    Malformed,
+    /// An unknown request type or flags (virtio status UNSUPP).
+    Unsupported,
+    /// A buffer outside guest memory.
+    GuestMemory,
+    /// No bounce buffer (allocation failed, or beyond `bounce-buffer-max`, or
+    /// the copy failed).
+    BounceBuffer,
+    /// The backend refused the submission.
+    Submit,
+    /// The operation failed on the image (after the backend's own recovery).
+    Io,
+}
+
+impl ErrorKind {
+    /// Every kind, in the order of [`QueueCounters::errors_by_kind`].
+    pub const ALL: [ErrorKind; 6] = [
+        ErrorKind::Malformed,
+        ErrorKind::Unsupported,
+        ErrorKind::GuestMemory,
+        ErrorKind::BounceBuffer,
+        ErrorKind::Submit,
+        ErrorKind::Io,
+    ];
+
+    /// The label value (`kind="..."`) and the key in snapshots.
+    pub fn label(self) -> &'static str {
+        match self {
+            ErrorKind::Malformed => "malformed",
+            ErrorKind::Unsupported => "unsupported",
+            ErrorKind::GuestMemory => "guest_memory",
+            ErrorKind::BounceBuffer => "bounce_buffer",
+            ErrorKind::Submit => "submit",
+            ErrorKind::Io => "io",
+        }
+    }
+}
+
+/// Upper bounds of the request latency histogram's buckets, ns: 1, 2, 5 per
+/// decade from 1 us to 10 s (storage latencies, from a null backend's to a
+/// stalled disk's); a last bucket (+Inf) takes the rest.
+pub const LATENCY_BOUNDS_NS: [u64; 22] = [
+    1_000,
+    2_000,
+    5_000,
+    10_000,
+    20_000,
+    50_000,
+    100_000,
+    200_000,
+    500_000,
+    1_000_000,
+    2_000_000,
+    5_000_000,
+    10_000_000,
+    20_000_000,
+    50_000_000,
+    100_000_000,
+    200_000_000,
+    500_000_000,
+    1_000_000_000,
+    2_000_000_000,
+    5_000_000_000,
+    10_000_000_000,
+];
+
+/// Buckets of [`LatencyHistogram`]: one per bound, and +Inf.
+pub const LATENCY_BUCKETS: usize = LATENCY_BOUNDS_NS.len() + 1;
+
+/// A request latency histogram with one writer (the IOThread owning the
+/// queue): fixed buckets, relaxed atomics, no lock and no allocation per
+/// request. Readers sum histograms at scrape time.
+#[derive(Debug, Default)]
+pub struct LatencyHistogram {
+    /// Requests per bucket (not cumulative); the last one is +Inf.
+    buckets: [Counter; LATENCY_BUCKETS],
+    /// Sum of the observed latencies, ns.
+    sum_ns: Counter,
+}
+
+impl LatencyHistogram {
+    /// The bucket of a latency of `ns`: the first whose upper bound is at
+    /// least `ns` (Prometheus `le`), or the last (+Inf).
+    #[inline]
+    pub fn bucket(ns: u64) -> usize {
+        LATENCY_BOUNDS_NS.partition_point(|&b| b < ns)
+    }
+
+    /// Counts one request that took `ns`.
+    #[inline]
+    pub fn observe(&self, ns: u64) {
+        self.buckets[Self::bucket(ns)].add(1);
+        self.sum_ns.add(ns);
+    }
+
+    /// The current counts.
+    pub fn snapshot(&self) -> LatencySnapshot {
+        LatencySnapshot {
+            buckets: self.buckets.iter().map(Counter::get).collect(),
+            sum_ns: self.sum_ns.get(),
+        }
+    }
+}
+
+/// A latency histogram at one moment.
+#[derive(Debug, Clone, Default, Serialize, serde::Deserialize, PartialEq)]
+pub struct LatencySnapshot {
+    /// Requests per bucket, not cumulative: one entry per bound of
+    /// [`LATENCY_BOUNDS_NS`], then +Inf (empty: nothing counted).
+    pub buckets: Vec<u64>,
+    /// Sum of the latencies, ns.
+    pub sum_ns: u64,
+}
+
+impl LatencySnapshot {
+    /// Requests counted.
+    pub fn count(&self) -> u64 {
+        self.buckets.iter().sum()
+    }
+
+    /// Adds `other`'s counts to these.
+    pub fn merge(&mut self, other: &LatencySnapshot) {
+        if self.buckets.len() < other.buckets.len() {
+            self.buckets.resize(other.buckets.len(), 0);
+        }
+        for (a, b) in self.buckets.iter_mut().zip(&other.buckets) {
+            *a += b;
+        }
+        self.sum_ns += other.sum_ns;
+    }
+}
+
 /// Per-virtqueue counters, owned by the IOThread serving the queue.
 #[derive(Debug, Default)]
 pub struct QueueCounters {
@@ -51,6 +190,21 @@ pub struct QueueCounters {
     pub bytes_read: Counter,
     /// Bytes written by the guest.
     pub bytes_written: Counter,
+    /// Requests popped from the ring (in flight: popped minus `requests`).
+    pub popped: Counter,
+    /// Requests completed with an error, by [`ErrorKind`] (in the order of
+    /// [`ErrorKind::ALL`]).
+    pub errors_by_kind: [Counter; ErrorKind::ALL.len()],
+    /// Time from pop to completion of every request completed.
+    pub latency: LatencyHistogram,
+}
+
+impl QueueCounters {
+    /// Counts a failed request of `kind` (the total `errors` is counted apart).
+    #[inline]
+    pub fn error(&self, kind: ErrorKind) {
+        self.errors_by_kind[kind as usize].add(1);
+    }
 }
 
 /// Counters of one IOThread.
@@ -138,17 +292,30 @@ impl IoThreadStats {
             .lock()
             .unwrap()
             .iter()
-            .map(|(e, i, c)| QueueSnapshot {
-                export: e.clone(),
-                queue: *i,
-                requests: c.requests.get(),
-                reads: c.reads.get(),
-                writes: c.writes.get(),
-                flushes: c.flushes.get(),
-                other: c.other.get(),
-                errors: c.errors.get(),
-                bytes_read: c.bytes_read.get(),
-                bytes_written: c.bytes_written.get(),
+            .map(|(e, i, c)| {
+                // Completed first, popped second: both only grow and a request
+                // is popped before it completes, so in flight is never negative.
+                let requests = c.requests.get();
+                let popped = c.popped.get();
+                QueueSnapshot {
+                    export: e.clone(),
+                    queue: *i,
+                    requests,
+                    reads: c.reads.get(),
+                    writes: c.writes.get(),
+                    flushes: c.flushes.get(),
+                    other: c.other.get(),
+                    errors: c.errors.get(),
+                    bytes_read: c.bytes_read.get(),
+                    bytes_written: c.bytes_written.get(),
+                    popped,
+                    in_flight: popped.saturating_sub(requests),
+                    errors_by_kind: ErrorKind::ALL
+                        .iter()
+                        .map(|&k| (k.label().to_string(), c.errors_by_kind[k as usize].get()))
+                        .collect(),
+                    latency: c.latency.snapshot(),
+                }
             })
             .collect();
         queues.sort_by(|a, b| (&a.export, a.queue).cmp(&(&b.export, b.queue)));
@@ -183,22 +350,27 @@ impl IoThreadStats {
     }
 }
 
-/// CPU time (user + system) of a thread of this process, from
-/// `/proc/self/task/TID/stat`.
+/// CPU time (user + system) of a thread of this process, read from its
+/// thread CPU clock (`clock_gettime`, ns resolution). No file is opened, so
+/// the metrics thread can read it under its seccomp filter. 0 if the thread is
+/// gone.
 pub fn thread_cpu_seconds(tid: u64) -> f64 {
-    let Ok(s) = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")) else {
+    if tid == 0 || tid > i32::MAX as u64 {
         return 0.0;
+    }
+    // The kernel's MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED): the clock of
+    // thread `tid`, which any thread of the same process may read.
+    let clock = ((!(tid as u32)) << 3) as libc::clockid_t | 6;
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
     };
-    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
-    let Some(rest) = s.rsplit_once(')').map(|(_, r)| r) else {
+    // SAFETY: `ts` is a valid, writable timespec; an unknown clock id only
+    // makes the call fail with EINVAL.
+    if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
         return 0.0;
-    };
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0)
-        + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    ticks as f64 / hz
+    }
+    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
 }
 
 /// Counters of one queue at one moment.
@@ -224,6 +396,18 @@ pub struct QueueSnapshot {
     pub bytes_read: u64,
     /// Bytes written.
     pub bytes_written: u64,
+    /// Requests popped from the ring.
+    #[serde(default)]
+    pub popped: u64,
+    /// Requests popped and not completed yet.
+    #[serde(default)]
+    pub in_flight: u64,
+    /// Requests completed with an error, by kind ([`ErrorKind::label`]).
+    #[serde(default)]
+    pub errors_by_kind: BTreeMap<String, u64>,
+    /// Latency from pop to completion.
+    #[serde(default)]
+    pub latency: LatencySnapshot,
 }
 
 /// Counters of one IOThread at one moment.
@@ -298,4 +482,124 @@ pub struct IoThreadSnapshot {
 pub struct DaemonSnapshot {
     /// One entry per IOThread.
     pub iothreads: Vec<IoThreadSnapshot>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every bound is in its own bucket (`le` is inclusive), one more ns is
+    /// in the next, and beyond the last bound is +Inf.
+    #[test]
+    fn latency_buckets_follow_le() {
+        assert_eq!(LatencyHistogram::bucket(0), 0);
+        assert_eq!(LatencyHistogram::bucket(1), 0);
+        for (i, &b) in LATENCY_BOUNDS_NS.iter().enumerate() {
+            assert_eq!(LatencyHistogram::bucket(b), i, "bound {b}");
+            assert_eq!(LatencyHistogram::bucket(b + 1), i + 1, "bound {b} + 1");
+            if i > 0 {
+                assert_eq!(LatencyHistogram::bucket(LATENCY_BOUNDS_NS[i - 1] + 1), i);
+            }
+        }
+        assert_eq!(LatencyHistogram::bucket(u64::MAX), LATENCY_BUCKETS - 1);
+        assert!(LATENCY_BOUNDS_NS.windows(2).all(|w| w[0] < w[1]));
+    }
+
+    #[test]
+    fn latency_histogram_counts_and_merges() {
+        let h = LatencyHistogram::default();
+        for ns in [500, 1_500, 1_500, 3_000_000, 20_000_000_000] {
+            h.observe(ns);
+        }
+        let s = h.snapshot();
+        assert_eq!(s.buckets.len(), LATENCY_BUCKETS);
+        assert_eq!(s.count(), 5);
+        assert_eq!(s.sum_ns, 500 + 3_000 + 3_000_000 + 20_000_000_000);
+        assert_eq!((s.buckets[0], s.buckets[1]), (1, 2));
+        assert_eq!(s.buckets[LatencyHistogram::bucket(3_000_000)], 1);
+        assert_eq!(s.buckets[LATENCY_BUCKETS - 1], 1);
+        let mut total = LatencySnapshot::default();
+        total.merge(&s);
+        total.merge(&s);
+        assert_eq!(total.count(), 10);
+        assert_eq!(total.buckets[1], 4);
+        assert_eq!(total.sum_ns, 2 * s.sum_ns);
+    }
+
+    /// The CPU clock of another thread of this process counts its CPU time
+    /// (as /proc's utime + stime does, at tick resolution).
+    #[test]
+    fn thread_cpu_seconds_reads_another_threads_clock() {
+        fn own_cpu() -> f64 {
+            let mut ts = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            // SAFETY: `ts` is a valid, writable timespec.
+            unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+            ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let spinner = std::thread::spawn(move || {
+            // Spin until this thread has used 50 ms of CPU (bounded: a loaded
+            // machine gives it less than the wall time).
+            let t = std::time::Instant::now();
+            while own_cpu() < 0.05 && t.elapsed() < std::time::Duration::from_secs(10) {
+                std::hint::spin_loop();
+            }
+            // SAFETY: gettid has no preconditions.
+            tx.send((unsafe { libc::gettid() } as u64, own_cpu()))
+                .unwrap();
+            done_rx.recv().unwrap();
+        });
+        let (tid, used) = rx.recv().unwrap();
+        let clock = thread_cpu_seconds(tid);
+        let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap();
+        let f: Vec<&str> = stat
+            .rsplit_once(')')
+            .unwrap()
+            .1
+            .split_whitespace()
+            .collect();
+        let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+        // SAFETY: sysconf has no memory-safety preconditions.
+        let proc = ticks as f64 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        done_tx.send(()).unwrap();
+        spinner.join().unwrap();
+        assert!(used >= 0.05, "the spinner used {used} s");
+        assert!(
+            clock >= used && clock < used + 0.02,
+            "clock {clock} vs the thread's own {used}"
+        );
+        assert!((clock - proc).abs() < 0.05, "clock {clock} vs /proc {proc}");
+        assert_eq!(thread_cpu_seconds(0), 0.0);
+        assert_eq!(thread_cpu_seconds(u32::MAX as u64), 0.0);
+    }
+
+    /// In flight is popped minus completed; errors are kept by kind.
+    #[test]
+    fn queue_snapshot_in_flight_and_error_kinds() {
+        let t = IoThreadStats::new("t".into());
+        let q = t.queue("e", 1);
+        q.popped.add(5);
+        q.requests.add(3);
+        q.error(ErrorKind::Io);
+        q.error(ErrorKind::Io);
+        q.error(ErrorKind::Malformed);
+        let s = t.snapshot();
+        let qs = &s.queues[0];
+        assert_eq!((qs.popped, qs.in_flight), (5, 2));
+        assert_eq!(qs.errors_by_kind["io"], 2);
+        assert_eq!(qs.errors_by_kind["malformed"], 1);
+        assert_eq!(qs.errors_by_kind["submit"], 0);
+        assert_eq!(qs.errors_by_kind.len(), ErrorKind::ALL.len());
+        // Older stats files (without the new fields) still read back.
+        let mut v = serde_json::to_value(qs).unwrap();
+        for f in ["popped", "in_flight", "errors_by_kind", "latency"] {
+            v.as_object_mut().unwrap().remove(f);
+        }
+        let old: QueueSnapshot = serde_json::from_value(v).unwrap();
+        assert_eq!(old.requests, 3);
+    }
 }

@@ -83,6 +83,8 @@ pub struct ServeCommand {
     pub takeover: bool,
     /// `--control PATH`: the JSON-RPC control socket.
     pub control: Option<PathBuf>,
+    /// `--metrics ADDR:PORT`: serve Prometheus metrics there (a bare port: loopback).
+    pub metrics: Option<String>,
 }
 
 /// The name clap gives a `ValueEnum` value on the command line.
@@ -178,6 +180,9 @@ impl ServeCommand {
         }
         if let Some(p) = &self.control {
             flag("--control", path(p));
+        }
+        if let Some(m) = &self.metrics {
+            flag("--metrics", m.into());
         }
         if self.read_only {
             v.push("--read-only".into());

@@ -3,6 +3,7 @@
 use std::io;
 
 use crate::block::{Backend, IoError};
+use crate::stats::ErrorKind;
 use crate::virtio::request::RequestError;
 use crate::virtio::status;
 
@@ -60,6 +61,20 @@ impl ExecuteError {
             _ => status::IOERR,
         }
     }
+
+    /// The kind it is counted as (`vqblk_request_errors_total{kind}`).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            ExecuteError::Request(_) if self.status() == status::UNSUPP => ErrorKind::Unsupported,
+            ExecuteError::Request(_) => ErrorKind::Malformed,
+            ExecuteError::GuestMemory | ExecuteError::GetId(_) => ErrorKind::GuestMemory,
+            ExecuteError::BounceAlloc(_)
+            | ExecuteError::BounceLimit { .. }
+            | ExecuteError::BounceCopy(_) => ErrorKind::BounceBuffer,
+            ExecuteError::Submit { .. } => ErrorKind::Submit,
+            ExecuteError::Io(_) => ErrorKind::Io,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -97,5 +112,23 @@ mod tests {
         for e in &ioerr {
             assert_eq!(e.status(), status::IOERR, "{e}");
         }
+        for e in &unsupp {
+            assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+        }
+        let kinds: Vec<ErrorKind> = ioerr.iter().map(ExecuteError::kind).collect();
+        use ErrorKind::*;
+        assert_eq!(
+            kinds,
+            [
+                Malformed,
+                Malformed,
+                Malformed,
+                Malformed,
+                GuestMemory,
+                BounceBuffer,
+                Submit,
+                Io
+            ]
+        );
     }
 }

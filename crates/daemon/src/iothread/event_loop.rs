@@ -172,6 +172,7 @@ impl IoThread {
                 self.wait_events(0, &mut events, &mut ready, &mut completed);
             }
             let t_end = Instant::now();
+            self.queues.set_clock(t_end);
             if polled_hit {
                 self.stats.poll_hits.add(1);
             }

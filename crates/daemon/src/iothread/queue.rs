@@ -86,6 +86,8 @@ pub(super) struct QueueSlot {
     record: Option<InflightQueue>,
     /// Heads a dead daemon left in flight, executed before anything new.
     resubmit: VecDeque<u16>,
+    /// When each head (by index) was popped, for the latency histogram.
+    popped_at: Box<[Instant]>,
 }
 
 impl QueueSlot {
@@ -96,6 +98,7 @@ impl QueueSlot {
             Some(t) => (Some(t.record), t.resubmit),
             None => (None, Vec::new()),
         };
+        let size = a.queue.size() as usize;
         QueueSlot {
             key: a.key,
             queue: a.queue,
@@ -109,6 +112,7 @@ impl QueueSlot {
             detach: None,
             broken: false,
             notify: true,
+            popped_at: vec![Instant::now(); size].into(),
             record,
             resubmit: resubmit.into(),
         }
@@ -223,6 +227,7 @@ impl QueueSlot {
         exec: &mut Executor,
         mem: &Arc<GuestMem>,
         budget: &mut usize,
+        now: Instant,
     ) {
         let size = self.queue.size();
         let table = GuestAddress(self.queue.desc_table());
@@ -238,6 +243,7 @@ impl QueueSlot {
                 return;
             }
             let parsed = request::parse_head(&**mem, table, size, head, &self.device.limits);
+            self.popped_at[head as usize] = now;
             self.inflight += 1;
             exec.execute(id, parsed, mem, &self.device);
         }
@@ -277,14 +283,21 @@ impl QueueSlot {
     /// are re-enabled afterwards (the thread will sleep; a request that raced
     /// with that is popped too); otherwise they stay off (the thread will
     /// poll, or come back for what the budget left).
-    pub fn process(&mut self, id: SlotId, exec: &mut Executor, rearm: bool) -> Popped {
+    /// `now` is the pass's clock (the pop time of what it pops).
+    pub fn process(
+        &mut self,
+        id: SlotId,
+        exec: &mut Executor,
+        rearm: bool,
+        now: Instant,
+    ) -> Popped {
         if !self.active() {
             return Popped::Drained;
         }
         let mem = self.memory();
         let mut budget = POP_BUDGET;
         if self.resubmit_pending() {
-            self.resubmit(id, exec, &mem, &mut budget);
+            self.resubmit(id, exec, &mem, &mut budget, now);
             if self.resubmit_pending() || self.broken {
                 return if self.broken {
                     Popped::Drained
@@ -328,6 +341,7 @@ impl QueueSlot {
                         return Popped::Drained;
                     }
                 }
+                self.popped_at[chain.head_index() as usize] = now;
                 let parsed = request::parse(chain, &self.device.limits);
                 self.inflight += 1;
                 exec.execute(id, parsed, &mem, &self.device);
@@ -352,22 +366,28 @@ impl QueueSlot {
     /// Writes the status byte, puts the request on the used ring and counts
     /// it. The used length is the data written to guest buffers plus the
     /// status byte (0 if there is no status byte to write).
-    fn finish(&mut self, f: Finished, stats: &IoThreadStats, warn: &mut WarnLimiter) {
+    fn finish(&mut self, f: Finished, stats: &IoThreadStats, warn: &mut WarnLimiter, now: Instant) {
         let Finished {
             ticket,
             result,
             mem,
         } = f;
         let kind = ticket.kind;
+        let c = &self.counters;
         let (st, bytes) = match &result {
             Ok(n) => (status::OK, *n),
             Err(e) => {
                 if warn.allow() {
                     warn!("{} queue {}: {e}", self.device.name, self.key.queue);
                 }
+                c.error(e.kind());
                 (e.status(), 0)
             }
         };
+        if let Some(t) = self.popped_at.get(ticket.head as usize) {
+            c.latency
+                .observe(now.saturating_duration_since(*t).as_nanos() as u64);
+        }
         let data_len = if kind.is_some_and(ReqKind::writes_guest) {
             bytes as u32
         } else {
@@ -377,7 +397,6 @@ impl QueueSlot {
             Some(a) if mem.write_obj(st, a).is_ok() => data_len + 1,
             _ => 0,
         };
-        let c = &self.counters;
         match kind {
             Some(ReqKind::Read) => {
                 c.reads.add(1);
@@ -459,6 +478,12 @@ pub(super) struct Queues {
     warn: WarnLimiter,
     /// Scratch list of finished requests.
     finished: Vec<Finished>,
+    /// The current pass's clock (when its wait ended), set by the event
+    /// loop and cleared at the end of the pass: the pop and completion time
+    /// of the requests the pass handles, so the latency histogram costs no
+    /// clock read of its own. Outside a pass (a queue attached while the
+    /// thread slept) the clock is read.
+    clock: Option<Instant>,
 }
 
 impl Queues {
@@ -469,7 +494,17 @@ impl Queues {
             stats,
             warn: WarnLimiter::default(),
             finished: Vec::new(),
+            clock: None,
         }
+    }
+
+    /// Sets the pass's clock (see `clock`), until [`Queues::notify`] ends the pass.
+    pub fn set_clock(&mut self, now: Instant) {
+        self.clock = Some(now);
+    }
+
+    fn now(&self) -> Instant {
+        self.clock.unwrap_or_else(Instant::now)
     }
 
     /// The slot `id`, if it serves a queue.
@@ -546,16 +581,17 @@ impl Queues {
     /// Pops and executes the available requests of queue `id`, up to its
     /// budget; counts a ring found broken and a budget used up.
     pub fn process(&mut self, id: SlotId, exec: &mut Executor, rearm: bool) -> Popped {
+        let now = self.now();
         let Some(q) = self.slots.get_mut(id.0).and_then(Option::as_mut) else {
             return Popped::Drained;
         };
         let was_broken = q.broken();
         let inflight = q.inflight;
-        let popped = q.process(id, exec, rearm);
+        let popped = q.process(id, exec, rearm, now);
         // Nothing finishes during `process`: the growth is what it popped.
-        self.stats
-            .popped
-            .add(q.inflight.saturating_sub(inflight) as u64);
+        let n = q.inflight.saturating_sub(inflight) as u64;
+        self.stats.popped.add(n);
+        q.counters.popped.add(n);
         if !was_broken && q.broken() {
             self.stats.broken_rings.add(1);
         }
@@ -571,9 +607,14 @@ impl Queues {
         let mut finished = std::mem::take(&mut self.finished);
         exec.complete(&mut finished);
         let published = self.stats.used_publishes.get();
+        if finished.is_empty() {
+            self.finished = finished;
+            return;
+        }
+        let now = self.now();
         for f in finished.drain(..) {
             match self.slots.get_mut(f.ticket.slot.0).and_then(Option::as_mut) {
-                Some(q) => q.finish(f, &self.stats, &mut self.warn),
+                Some(q) => q.finish(f, &self.stats, &mut self.warn, now),
                 None => error!("completion for a released queue slot {:?}", f.ticket.slot),
             }
         }
@@ -583,8 +624,10 @@ impl Queues {
         self.finished = finished;
     }
 
-    /// One notification per queue that finished something since the last call.
+    /// One notification per queue that finished something since the last
+    /// call; the end of a pass (its clock is dropped).
     pub fn notify(&mut self) {
+        self.clock = None;
         for q in self.slots.iter_mut().flatten() {
             q.notify_guest(&self.stats);
         }

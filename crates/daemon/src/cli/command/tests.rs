@@ -55,6 +55,7 @@ fn back(a: ServeArgs) -> ServeCommand {
         bounce_buffer_max,
         takeover,
         control,
+        metrics,
     } = a;
     let bytes = |s: Option<String>| s.map(|s| crate::size::parse_size(&s).unwrap());
     ServeCommand {
@@ -95,6 +96,7 @@ fn back(a: ServeArgs) -> ServeCommand {
         bounce_buffer_max: bytes(bounce_buffer_max),
         takeover,
         control,
+        metrics,
     }
 }
 
@@ -151,6 +153,7 @@ fn full() -> ServeCommand {
         bounce_buffer_max: Some(16 << 20),
         takeover: true,
         control: Some("/run/vqblk/control.sock".into()),
+        metrics: Some("127.0.0.1:9100".into()),
     }
 }
 

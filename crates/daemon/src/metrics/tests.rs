@@ -1,0 +1,83 @@
+use super::*;
+use crate::stats::{ErrorKind, IoThreadStats};
+
+fn line<'a>(text: &'a str, start: &str) -> &'a str {
+    text.lines()
+        .find(|l| l.starts_with(start))
+        .unwrap_or_else(|| panic!("no line {start}\n{text}"))
+}
+
+/// Per-queue counters come out with export/queue/iothread labels, requests
+/// refused before their type count as `invalid`, and the histogram of an
+/// export sums its queues over IOThreads, cumulatively.
+#[test]
+fn render_labels_types_and_sums_histograms() {
+    let a = IoThreadStats::new("vqblk-iot0".into());
+    let b = IoThreadStats::new("vqblk-iot1".into());
+    let q0 = a.queue("db", 0);
+    q0.reads.add(3);
+    q0.requests.add(4);
+    q0.popped.add(6);
+    q0.bytes_read.add(12288);
+    q0.error(ErrorKind::Malformed);
+    for ns in [800, 1_500, 1_500, 40_000] {
+        q0.latency.observe(ns);
+    }
+    let q1 = b.queue("db", 1);
+    q1.writes.add(1);
+    q1.requests.add(1);
+    q1.popped.add(1);
+    q1.latency.observe(3_000_000_000);
+    b.kick_wakeups.add(7);
+    b.poll_window_ns.set(4_000);
+    let text = render(&[a.snapshot(), b.snapshot()]);
+    let req = r#"vqblk_requests_total{export="db",queue="0",iothread="0""#;
+    assert!(line(&text, &format!(r#"{req},type="read"}}"#)).ends_with(" 3"));
+    assert!(line(&text, &format!(r#"{req},type="invalid"}}"#)).ends_with(" 1"));
+    assert!(line(
+        &text,
+        r#"vqblk_requests_in_flight{export="db",queue="0",iothread="0"}"#
+    )
+    .ends_with(" 2"));
+    assert!(line(
+        &text,
+        r#"vqblk_request_errors_total{export="db",queue="0",iothread="0",kind="malformed"}"#
+    )
+    .ends_with(" 1"));
+    let h = "vqblk_request_duration_seconds";
+    assert!(line(
+        &text,
+        &format!(r#"{h}_bucket{{export="db",le="0.000001"}}"#)
+    )
+    .ends_with(" 1"));
+    assert!(line(
+        &text,
+        &format!(r#"{h}_bucket{{export="db",le="0.000002"}}"#)
+    )
+    .ends_with(" 3"));
+    assert!(line(&text, &format!(r#"{h}_bucket{{export="db",le="0.00005"}}"#)).ends_with(" 4"));
+    assert!(line(&text, &format!(r#"{h}_bucket{{export="db",le="10"}}"#)).ends_with(" 5"));
+    assert!(line(&text, &format!(r#"{h}_bucket{{export="db",le="+Inf"}}"#)).ends_with(" 5"));
+    assert!(line(&text, &format!(r#"{h}_count{{export="db"}}"#)).ends_with(" 5"));
+    assert!(line(
+        &text,
+        r#"vqblk_iothread_wakeups_total{iothread="1",cause="kick"}"#
+    )
+    .ends_with(" 7"));
+    assert!(
+        line(&text, r#"vqblk_iothread_poll_window_seconds{iothread="1"}"#).ends_with(" 0.000004")
+    );
+    assert!(text.contains("# TYPE vqblk_request_duration_seconds histogram"));
+    assert!(text.contains("# TYPE vqblk_requests_in_flight gauge"));
+}
+
+/// Without queues (no frontend yet) only the per-IOThread families appear;
+/// an empty family would make the encoder fail.
+#[test]
+fn render_without_queues() {
+    let a = IoThreadStats::new("vqblk-iot0".into());
+    let text = render(&[a.snapshot()]);
+    assert!(text.contains(r#"vqblk_iothread_requests_total{iothread="0"} 0"#));
+    assert!(!text.contains("vqblk_requests_total"));
+    assert!(!text.contains("vqblk_request_duration_seconds"));
+}
