@@ -34,6 +34,11 @@ struct Rig {
 
 impl Rig {
     fn new(name: &str) -> Rig {
+        Rig::with_env(name, &[])
+    }
+
+    /// [`Rig::new`] with extra environment variables for the daemon.
+    fn with_env(name: &str, env: &[(&str, &str)]) -> Rig {
         let dir = common::scratch(&format!("hostile-{name}"));
         let (sock_a, sock_b) = (dir.join("a.sock"), dir.join("b.sock"));
         let cfg = dir.join("serve.toml");
@@ -53,6 +58,7 @@ impl Rig {
             .arg(&cfg)
             .stdout(Stdio::null())
             .stderr(log)
+            .envs(env.iter().copied())
             .spawn()
             .unwrap();
         let t = Instant::now();
@@ -694,4 +700,29 @@ fn misaligned_ring_addresses_are_refused() {
     assert!(f.setup_ring(0).ok());
     f.check_io(72, 21, "aligned addresses after the refusals");
     rig.check(f, "misaligned ring addresses");
+}
+
+/// The protocol features a fresh connection on `a` is offered.
+fn offered_protocol_features(rig: &Rig) -> u64 {
+    let mut f = Frontend::connect(&rig.sock_a);
+    match f.call_get(req::GET_PROTOCOL_FEATURES, &[]) {
+        Reply::Data(p) => u64::from_le_bytes(p.try_into().unwrap()),
+        r => panic!("GET_PROTOCOL_FEATURES: {r:?}"),
+    }
+}
+
+/// INFLIGHT_SHMFD is offered, except under the test-only switch
+/// `VQBLK_TEST_NO_INFLIGHT=1` (used to show what the guest kill tests see
+/// without inflight tracking, docs/qemu.md), which is logged.
+#[test]
+fn inflight_is_offered_unless_the_test_switch_says_no() {
+    let rig = Rig::new("inflight-on");
+    assert_ne!(offered_protocol_features(&rig) & PF_INFLIGHT_SHMFD, 0);
+    let rig = Rig::with_env("inflight-off", &[("VQBLK_TEST_NO_INFLIGHT", "1")]);
+    assert_eq!(offered_protocol_features(&rig) & PF_INFLIGHT_SHMFD, 0);
+    assert!(
+        rig.log().contains("VQBLK_TEST_NO_INFLIGHT=1"),
+        "{}",
+        rig.log()
+    );
 }

@@ -520,11 +520,14 @@ impl VhostUserBackendReqHandlerMut for Connection {
     }
 
     fn get_protocol_features(&mut self) -> VhostResult<VhostUserProtocolFeatures> {
-        Ok(VhostUserProtocolFeatures::MQ
+        let mut offered = VhostUserProtocolFeatures::MQ
             | VhostUserProtocolFeatures::REPLY_ACK
             | VhostUserProtocolFeatures::CONFIG
-            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
-            | VhostUserProtocolFeatures::INFLIGHT_SHMFD)
+            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS;
+        if super::offer_inflight() {
+            offered |= VhostUserProtocolFeatures::INFLIGHT_SHMFD;
+        }
+        Ok(offered)
     }
 
     fn set_protocol_features(&mut self, _features: u64) -> VhostResult<()> {
