@@ -354,16 +354,26 @@ pub struct Field {
     pub values: Vec<Vec<u8>>,
 }
 
+/// What [`walk_volatile`] found besides the descriptors.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Volatile {
+    /// A descriptor read overlapped a field.
+    pub hit: bool,
+    /// A descriptor had more variants than are enumerated: the walk may miss
+    /// some (the caller cannot trust a negative answer).
+    pub truncated: bool,
+}
+
 /// Variants of one descriptor: every combination of the fields' values it
 /// overlaps, on top of each snapshot's bytes (at most `MAX_VARIANTS`).
-/// Whether a field was overlapped is returned too.
 fn desc_variants(
     mem: &Guarded,
     snaps: &[&Snapshot],
     at: u64,
     fields: &[Field],
-) -> (Vec<RawDesc>, bool) {
-    const MAX_VARIANTS: usize = 1 << 14;
+    seen: &mut Volatile,
+) -> Vec<RawDesc> {
+    const MAX_VARIANTS: usize = 1 << 12;
     let end = at.saturating_add(16);
     let over: Vec<&Field> = fields
         .iter()
@@ -388,6 +398,7 @@ fn desc_variants(
                 }
                 next.push(b);
                 if next.len() >= MAX_VARIANTS {
+                    seen.truncated = true;
                     break 'all;
                 }
             }
@@ -405,7 +416,8 @@ fn desc_variants(
             next: u16::from_le_bytes([b[14], b[15]]),
         })
         .collect();
-    (descs, !over.is_empty())
+    seen.hit |= !over.is_empty();
+    descs
 }
 
 /// Like [`walk`] over every snapshot of `snaps` at once, with the bytes of
@@ -421,18 +433,17 @@ pub fn walk_volatile(
     size: u16,
     head: u16,
     fields: &[Field],
-) -> (Vec<RawDesc>, bool) {
+) -> (Vec<RawDesc>, Volatile) {
     let mut out = Vec::new();
-    let mut hit = false;
+    let mut seen = Volatile::default();
     if head >= size {
-        return (out, hit);
+        return (out, seen);
     }
-    let mut seen = vec![false; size as usize];
+    let mut visited = vec![false; size as usize];
     let mut todo = vec![head];
-    seen[head as usize] = true;
+    visited[head as usize] = true;
     while let Some(idx) = todo.pop() {
-        let (ds, h) = desc_variants(mem, snaps, table + 16 * idx as u64, fields);
-        hit |= h;
+        let ds = desc_variants(mem, snaps, table + 16 * idx as u64, fields, &mut seen);
         for d in ds {
             if d.flags & INDIRECT != 0 {
                 let n = (d.len / 16).min(65536) as u64;
@@ -440,8 +451,7 @@ pub fn walk_volatile(
                     let Some(a) = d.addr.checked_add(16 * i) else {
                         break;
                     };
-                    let (es, h) = desc_variants(mem, snaps, a, fields);
-                    hit |= h;
+                    let es = desc_variants(mem, snaps, a, fields, &mut seen);
                     if es.is_empty() {
                         break;
                     }
@@ -450,13 +460,13 @@ pub fn walk_volatile(
                 continue;
             }
             out.push(d);
-            if d.flags & NEXT != 0 && d.next < size && !seen[d.next as usize] {
-                seen[d.next as usize] = true;
+            if d.flags & NEXT != 0 && d.next < size && !visited[d.next as usize] {
+                visited[d.next as usize] = true;
                 todo.push(d.next);
             }
         }
     }
-    (out, hit)
+    (out, seen)
 }
 
 /// Whether `[addr, addr + len)` lies inside a device-writable descriptor of
