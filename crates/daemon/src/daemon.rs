@@ -1,6 +1,6 @@
 //! The daemon: opens the disks, starts the IOThread pool, listens on every
 //! export's socket (one control thread each) and shuts everything down in
-//! order: stop accepting, drain, fsync, remove the sockets.
+//! order: remove the sockets, stop accepting, drain, fsync.
 
 use std::fs;
 use std::io;
@@ -63,6 +63,14 @@ pub enum DaemonError {
 struct ExportRunner {
     name: String,
     socket: PathBuf,
+    /// Identity of the socket file this daemon bound: the path is removed
+    /// only if it still names that file, and first thing in `stop`, while
+    /// this daemon still accepts. During an upgrade the new daemon
+    /// (`--takeover`) binds a fresh socket at the same path as soon as this
+    /// one stops accepting; removing the path after that (as `stop` did, after
+    /// the drain and the fsync) unlinked the new daemon's socket, and no
+    /// frontend could reconnect.
+    socket_id: Option<SocketId>,
     /// The disk, for the final fsync.
     device: Arc<BlockDevice>,
     control: Option<JoinHandle<()>>,
@@ -199,6 +207,7 @@ impl Daemon {
                 })?;
             daemon.exports.push(ExportRunner {
                 name: plan.name,
+                socket_id: socket_id(&c.socket),
                 socket: c.socket.clone(),
                 device,
                 control: Some(control),
@@ -226,12 +235,20 @@ impl Daemon {
         self.stats()
     }
 
-    /// Stops the daemon, once: drain every frontend (the control threads
-    /// detach their rings and exit), stop the IOThreads, then fsync the
-    /// writable images and remove the sockets.
+    /// Stops the daemon, once: remove the sockets, drain every frontend (the
+    /// control threads detach their rings and exit), stop the IOThreads,
+    /// then fsync the writable images.
     fn stop(&mut self) {
         if std::mem::replace(&mut self.stopped, true) {
             return;
+        }
+        // The sockets go first, while the listeners still accept: a successor
+        // waiting with --takeover binds only once the path is free, and this
+        // daemon never touches the path again.
+        for e in &self.exports {
+            if e.socket_id.is_some() && socket_id(&e.socket) == e.socket_id {
+                let _ = fs::remove_file(&e.socket);
+            }
         }
         let _ = self.shutdown.write(1);
         for e in &mut self.exports {
@@ -261,9 +278,20 @@ impl Daemon {
             if let Err(err) = e.device.disk.sync() {
                 error!("export {}: fsync failed: {err}", e.name);
             }
-            let _ = fs::remove_file(&e.socket);
         }
     }
+}
+
+/// Device, inode and change time of a file: a socket bound at the same path
+/// after ours was unlinked may reuse the inode number, not the change time.
+type SocketId = (u64, u64, i64, i64);
+
+/// The identity of the file at `path`, if there is one.
+fn socket_id(path: &Path) -> Option<SocketId> {
+    use std::os::unix::fs::MetadataExt;
+    fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino(), m.ctime(), m.ctime_nsec()))
 }
 
 impl Drop for Daemon {
@@ -360,5 +388,32 @@ mod tests {
         assert!(!dir.path().join("d.sock").exists(), "socket removed");
         daemon.stop();
         drop(daemon);
+    }
+
+    /// An upgrade: the new daemon (`--takeover`) binds a fresh socket at the
+    /// path once the old one stops accepting. The old daemon's exit must not
+    /// remove it (it did: QEMU then found no socket and never reconnected).
+    #[test]
+    fn stop_leaves_a_socket_another_daemon_bound_at_the_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d.sock");
+        let mut e = ExportConfig::new(path.clone());
+        e.backend = BackendKind::Null;
+        e.size = Some("1M".into());
+        let cfg = ServeConfig {
+            exports: vec![e],
+            ..Default::default()
+        };
+        let daemon = Daemon::start(&cfg).unwrap();
+        // The successor replaces the path with its own socket.
+        fs::remove_file(&path).unwrap();
+        let successor = UnixListener::bind(&path).unwrap();
+        daemon.shutdown();
+        assert!(
+            path.exists(),
+            "the old daemon removed its successor's socket"
+        );
+        assert!(UnixStream::connect(&path).is_ok());
+        drop(successor);
     }
 }
