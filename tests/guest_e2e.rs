@@ -332,6 +332,34 @@ impl Daemon {
             .unwrap_or_else(|e| case.fail(format!("{}: bad stats file: {e}", self.tag)))
     }
 
+    /// An upgrade: a new daemon `tag` started with `--takeover` (it waits for
+    /// the socket), SIGTERM to this one (drains, removes the socket, exits 0);
+    /// returns the new one once it has bound the socket.
+    fn upgrade(mut self, case: &Case, tag: &str, o: &DaemonOpts, extra: &[&str]) -> Daemon {
+        let mut args = extra.to_vec();
+        args.push("--takeover");
+        // The old daemon's socket exists: start_with returns at once.
+        let mut new = Daemon::start_with(case, tag, o, &args);
+        signal(self.child.id(), libc::SIGTERM);
+        let st = self.wait_exit(case, Duration::from_secs(30));
+        case.check(st.code() == Some(0), || {
+            format!("{}: vqblk exited with {st} after SIGTERM", self.tag)
+        });
+        let t = Instant::now();
+        // Logged right after the bind (daemon.rs: "export ...: ... on <socket> with N queues, mapping ...").
+        while count_in(&case.dir.join(format!("{tag}.log")), "queues, mapping") == 0 {
+            if !new.alive() {
+                case.fail(format!("{tag}: the new daemon died during the takeover"));
+            }
+            if t.elapsed() > Duration::from_secs(20) {
+                case.fail(format!("{tag}: never took the socket over"));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        eprintln!("[e2e]   {}: upgraded to {tag} (takeover)", self.tag);
+        new
+    }
+
     /// kill -9: nothing is drained, the socket file stays behind.
     fn kill9(mut self, case: &Case) {
         signal(self.child.id(), libc::SIGKILL);
@@ -1064,7 +1092,12 @@ fn seq_block(writer: u64, seq: u64, block: u64, blocks: u64) -> Vec<u8> {
 /// dead one had in flight. The guest must see no I/O error and no hang; with
 /// the file backend, every block must hold its last completed write. Returns
 /// the longest gap between two completions the guest saw, in seconds.
-fn writes_survive_kills(name: &'static str, null: bool) -> f64 {
+///
+/// With `upgrade`, each restart is an upgrade instead of a kill: the next
+/// daemon starts with `--takeover` while the old one runs, the old one gets
+/// SIGTERM (drains, removes its socket, exits 0) and the new one binds; the
+/// longest gap is then the guest-visible stall of an upgrade.
+fn writes_survive_kills(name: &'static str, null: bool, upgrade: bool) -> f64 {
     const KILLS: u32 = 10;
     const BLOCKS: u64 = 64;
     const WRITERS: u64 = 2;
@@ -1118,8 +1151,13 @@ fn writes_survive_kills(name: &'static str, null: bool) -> f64 {
         rng ^= rng >> 7;
         rng ^= rng << 17;
         std::thread::sleep(Duration::from_millis(600 + rng % 1200));
-        d.kill9(&case);
-        d = Daemon::start_with(&case, &format!("vqblk-{k}"), &opts, &extra);
+        let tag = format!("vqblk-{k}");
+        if upgrade {
+            d = d.upgrade(&case, &tag, &opts, &extra);
+        } else {
+            d.kill9(&case);
+            d = Daemon::start_with(&case, &tag, &opts, &extra);
+        }
     }
     let r = g.expect_ok(&case);
     case.check(d.alive(), || "the last daemon died".into());
@@ -1157,8 +1195,9 @@ fn writes_survive_kills(name: &'static str, null: bool) -> f64 {
         );
     }
     eprintln!(
-        "[e2e]   {KILLS} kills, {resubmitted} ring recoveries logged, longest gap between \
-         two completions seen by the guest {max_gap:.2}s"
+        "[e2e]   {KILLS} {}, {resubmitted} ring recoveries logged, longest gap between \
+         two completions seen by the guest {max_gap:.2}s",
+        if upgrade { "upgrades" } else { "kills" }
     );
     if !null {
         let img = fs::read(&image).unwrap();
@@ -1191,12 +1230,19 @@ fn writes_survive_kills(name: &'static str, null: bool) -> f64 {
 /// [`writes_survive_kills`] on a file image: data checked block by block.
 #[test]
 fn guest_writes_survive_daemon_kills_file() {
-    writes_survive_kills("kills-file", false);
+    writes_survive_kills("kills-file", false, false);
+}
+
+/// [`writes_survive_kills`] with upgrades (`serve --takeover`, SIGTERM to
+/// the old daemon) instead of kills: the guest-visible stall of an upgrade.
+#[test]
+fn guest_writes_survive_daemon_upgrades_file() {
+    writes_survive_kills("upgrades-file", false, true);
 }
 
 /// [`writes_survive_kills`] on a null export with 200 ms latency: many
 /// requests in flight at each kill.
 #[test]
 fn guest_writes_survive_daemon_kills_null() {
-    writes_survive_kills("kills-null", true);
+    writes_survive_kills("kills-null", true, false);
 }

@@ -34,6 +34,11 @@ struct Rig {
 
 impl Rig {
     fn new(name: &str) -> Rig {
+        Rig::with_env(name, &[])
+    }
+
+    /// [`Rig::new`] with extra environment variables for the daemon.
+    fn with_env(name: &str, env: &[(&str, &str)]) -> Rig {
         let dir = common::scratch(&format!("hostile-{name}"));
         let (sock_a, sock_b) = (dir.join("a.sock"), dir.join("b.sock"));
         let cfg = dir.join("serve.toml");
@@ -53,6 +58,7 @@ impl Rig {
             .arg(&cfg)
             .stdout(Stdio::null())
             .stderr(log)
+            .envs(env.iter().copied())
             .spawn()
             .unwrap();
         let t = Instant::now();
@@ -612,4 +618,111 @@ fn ring_addresses_outside_guest_memory_are_refused() {
         assert!(r.refused(), "{r:?}");
     }
     rig.check(f, "ring addresses outside guest memory");
+}
+
+/// Ring addresses whose guest-physical address breaks the virtqueue
+/// alignment (virtio 1.2, 2.7: descriptor table 16 bytes, avail ring 2, used
+/// ring 4). The `vhost` crate refuses a misaligned frontend address, but a
+/// memory table whose regions' frontend and guest addresses differ modulo 16
+/// turns an aligned frontend address into a misaligned guest address. The
+/// `virtio-queue` crate's setters log such an address and keep the old one
+/// (0): the ring would have started on guest address 0, where this frontend
+/// keeps its descriptor table, and written used entries over it. Each one is
+/// refused, the ring does not start, nothing in guest memory changes.
+#[test]
+fn misaligned_ring_addresses_are_refused() {
+    let mut rig = Rig::new("ring-align");
+    let mut f = owner(&rig);
+    // One region per ring part (descriptor table, avail ring, used ring and
+    // the rest), each at its own frontend address, `skew` bytes off its guest
+    // address modulo 16.
+    let parts = [(DESC, 16u64), (AVAIL, 2), (USED, 4)];
+    let gpa = [0, AVAIL, USED];
+    let size = [AVAIL, USED - AVAIL, MEM_SIZE - USED];
+    for (what, part, skew) in [
+        ("descriptor table", 0, 8u64),
+        ("avail ring", 1, 1),
+        ("used ring", 2, 2),
+    ] {
+        let regions: Vec<Region> = (0..3)
+            .map(|i| Region {
+                gpa: gpa[i],
+                size: size[i],
+                user_addr: 0x10_0000_0000 * (i as u64 + 1) + if i == part { skew } else { 0 },
+                mmap_offset: gpa[i],
+            })
+            .collect();
+        assert!(f.set_mem_table(&regions).ok(), "{what}: memory table");
+        // Aligned frontend addresses; the skewed part's guest address is not.
+        let va: Vec<u64> = (0..3)
+            .map(|i| {
+                let (ring, align) = parts[i];
+                (regions[i].user_addr + ring - gpa[i]).next_multiple_of(align)
+            })
+            .collect();
+        for (r, p) in [
+            (req::SET_VRING_NUM, state(0, QSIZE as u32)),
+            (req::SET_VRING_BASE, state(0, 0)),
+        ] {
+            assert!(f.call_ack(r, &p, &[]).ok());
+        }
+        let r = f.call_ack(
+            req::SET_VRING_ADDR,
+            &vring_addr(0, va[0], va[2], va[1]),
+            &[],
+        );
+        assert!(r.refused(), "misaligned {what}: {r:?}");
+        // The rest of the setup, then a request: the ring must not run.
+        let (kick, call) = (f.kick.as_raw_fd(), f.call.as_raw_fd());
+        let _ = f.call_ack(req::SET_VRING_CALL, &u64_payload(0), &[call]);
+        let _ = f.call_ack(req::SET_VRING_KICK, &u64_payload(0), &[kick]);
+        let _ = f.call_ack(req::SET_VRING_ENABLE, &state(0, 1), &[]);
+        f.prepare_request(T_IN, 0);
+        let table = f.mem.read(0, 0x100);
+        f.push(0);
+        assert!(
+            no_completion_within(&mut f, Duration::from_millis(100)),
+            "misaligned {what}: the ring ran"
+        );
+        assert_eq!(
+            f.mem.read(0, 0x100),
+            table,
+            "misaligned {what}: the daemon wrote at guest address 0"
+        );
+        let r = f.call_get(req::GET_VRING_BASE, &state(0, 0));
+        assert!(matches!(r, Reply::Data(_)), "{what}: GET_VRING_BASE: {r:?}");
+        f.mem.write_u16(AVAIL + 2, 0);
+        f.avail_idx = 0;
+    }
+    assert!(rig.log().contains("-byte aligned"), "{}", rig.log());
+    // The same connection maps its memory plainly, sets the ring up and serves.
+    assert!(f.set_mem_table(&[f.whole_region()]).ok());
+    assert!(f.setup_ring(0).ok());
+    f.check_io(72, 21, "aligned addresses after the refusals");
+    rig.check(f, "misaligned ring addresses");
+}
+
+/// The protocol features a fresh connection on `a` is offered.
+fn offered_protocol_features(rig: &Rig) -> u64 {
+    let mut f = Frontend::connect(&rig.sock_a);
+    match f.call_get(req::GET_PROTOCOL_FEATURES, &[]) {
+        Reply::Data(p) => u64::from_le_bytes(p.try_into().unwrap()),
+        r => panic!("GET_PROTOCOL_FEATURES: {r:?}"),
+    }
+}
+
+/// INFLIGHT_SHMFD is offered, except under the test-only switch
+/// `VQBLK_TEST_NO_INFLIGHT=1` (used to show what the guest kill tests see
+/// without inflight tracking, docs/qemu.md), which is logged.
+#[test]
+fn inflight_is_offered_unless_the_test_switch_says_no() {
+    let rig = Rig::new("inflight-on");
+    assert_ne!(offered_protocol_features(&rig) & PF_INFLIGHT_SHMFD, 0);
+    let rig = Rig::with_env("inflight-off", &[("VQBLK_TEST_NO_INFLIGHT", "1")]);
+    assert_eq!(offered_protocol_features(&rig) & PF_INFLIGHT_SHMFD, 0);
+    assert!(
+        rig.log().contains("VQBLK_TEST_NO_INFLIGHT=1"),
+        "{}",
+        rig.log()
+    );
 }

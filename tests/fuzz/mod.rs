@@ -6,7 +6,8 @@
 //! - default (CI): a bounded number of cases from a fixed seed, so a run is
 //!   reproducible and takes a few seconds;
 //! - `VQBLK_FUZZ_SECONDS=N`: run for N seconds (seed from the clock unless
-//!   `VQBLK_FUZZ_SEED` is set), printing progress every 10 s;
+//!   `VQBLK_FUZZ_SEED` is set, decimal or `0x` hex as the summary prints
+//!   it), printing progress every 10 s;
 //! - `VQBLK_FUZZ_ITERS=N`: run N cases;
 //! - `VQBLK_FUZZ_REPLAY=FILE`: run the one input saved in FILE (findings are
 //!   saved under `target/tmp/fuzz-findings/<harness>/`).
@@ -118,7 +119,16 @@ where
         (None, Some(n)) => Budget::Cases(n),
         (None, None) => Budget::Cases(default_cases),
     };
-    let seed = env_u64("VQBLK_FUZZ_SEED").unwrap_or(match budget {
+    // The summary prints the seed in hex: take it back in hex too (a value
+    // that does not parse is an error, not a silently random seed).
+    let seed = std::env::var("VQBLK_FUZZ_SEED").ok().map(|v| {
+        let parsed = match v.strip_prefix("0x") {
+            Some(hex) => u64::from_str_radix(hex, 16).ok(),
+            None => v.parse::<u64>().ok(),
+        };
+        parsed.unwrap_or_else(|| panic!("VQBLK_FUZZ_SEED={v}: not a decimal or 0x-hex u64"))
+    });
+    let seed = seed.unwrap_or(match budget {
         // CI: the same cases every run.
         Budget::Cases(_) => 0x005e_ed0f_b10c,
         Budget::Time(_) => fastrand::u64(..),
@@ -219,6 +229,28 @@ fn save(name: &str, seed: u64, case: u64, bytes: &[u8]) -> PathBuf {
     let file = dir.join(format!("{seed:016x}-{case}.bin"));
     let _ = std::fs::write(&file, bytes);
     file
+}
+
+/// The saved inputs under `tests/fuzz/corpus/<name>/` (findings kept as
+/// regression cases, with a name saying what each one is), sorted by name.
+pub fn corpus(name: &str) -> Vec<(String, Vec<u8>)> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fuzz/corpus")
+        .join(name);
+    let mut out: Vec<(String, Vec<u8>)> = std::fs::read_dir(&dir)
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "bin"))
+                .map(|p| {
+                    let bytes = std::fs::read(&p).unwrap();
+                    (p.file_name().unwrap().to_string_lossy().into_owned(), bytes)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort();
+    out
 }
 
 /// Asserts a regression case passes: no finding, and no known defect either

@@ -341,6 +341,134 @@ pub fn walk(mem: &Guarded, s: &Snapshot, table: u64, size: u16, head: u16) -> Ve
     out
 }
 
+/// Bytes the device itself writes during a pass (a field of the used ring),
+/// with every value they may have held meanwhile: a descriptor the driver
+/// placed over them (the spec forbids it, the harness does not) may have been
+/// read by the device with any of these values in it, not only the ones the
+/// snapshots before and after the pass show.
+#[derive(Debug, Clone)]
+pub struct Field {
+    /// Guest address of the field.
+    pub at: u64,
+    /// Its possible contents (each as long as the field).
+    pub values: Vec<Vec<u8>>,
+}
+
+/// What [`walk_volatile`] found besides the descriptors.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Volatile {
+    /// A descriptor read overlapped a field.
+    pub hit: bool,
+    /// A descriptor had more variants than are enumerated: the walk may miss
+    /// some (the caller cannot trust a negative answer).
+    pub truncated: bool,
+}
+
+/// Variants of one descriptor: every combination of the fields' values it
+/// overlaps, on top of each snapshot's bytes (at most `MAX_VARIANTS`).
+fn desc_variants(
+    mem: &Guarded,
+    snaps: &[&Snapshot],
+    at: u64,
+    fields: &[Field],
+    seen: &mut Volatile,
+) -> Vec<RawDesc> {
+    const MAX_VARIANTS: usize = 1 << 12;
+    let end = at.saturating_add(16);
+    let over: Vec<&Field> = fields
+        .iter()
+        .filter(|f| f.at < end && f.at.saturating_add(f.values[0].len() as u64) > at)
+        .collect();
+    let mut out: Vec<[u8; 16]> = Vec::new();
+    for s in snaps {
+        if let Some(b) = mem.read(s, at, 16) {
+            out.push(b.try_into().unwrap());
+        }
+    }
+    for f in &over {
+        let mut next = Vec::new();
+        'all: for base in &out {
+            for v in &f.values {
+                let mut b = *base;
+                for (k, byte) in v.iter().enumerate() {
+                    let a = f.at + k as u64;
+                    if a >= at && a < end {
+                        b[(a - at) as usize] = *byte;
+                    }
+                }
+                next.push(b);
+                if next.len() >= MAX_VARIANTS {
+                    seen.truncated = true;
+                    break 'all;
+                }
+            }
+        }
+        next.sort_unstable();
+        next.dedup();
+        out = next;
+    }
+    let descs = out
+        .iter()
+        .map(|b| RawDesc {
+            addr: u64::from_le_bytes(b[..8].try_into().unwrap()),
+            len: u32::from_le_bytes(b[8..12].try_into().unwrap()),
+            flags: u16::from_le_bytes([b[12], b[13]]),
+            next: u16::from_le_bytes([b[14], b[15]]),
+        })
+        .collect();
+    seen.hit |= !over.is_empty();
+    descs
+}
+
+/// Like [`walk`] over every snapshot of `snaps` at once, with the bytes of
+/// `fields` taking any of their values: every descriptor the device could
+/// have taken as part of the chain at `head` while it was itself rewriting
+/// those fields. A superset (each table entry in any variant, any variant's
+/// next followed). Also says whether any descriptor read overlapped a field
+/// (if not, [`walk`] over each snapshot gives the same chains, more tightly).
+pub fn walk_volatile(
+    mem: &Guarded,
+    snaps: &[&Snapshot],
+    table: u64,
+    size: u16,
+    head: u16,
+    fields: &[Field],
+) -> (Vec<RawDesc>, Volatile) {
+    let mut out = Vec::new();
+    let mut seen = Volatile::default();
+    if head >= size {
+        return (out, seen);
+    }
+    let mut visited = vec![false; size as usize];
+    let mut todo = vec![head];
+    visited[head as usize] = true;
+    while let Some(idx) = todo.pop() {
+        let ds = desc_variants(mem, snaps, table + 16 * idx as u64, fields, &mut seen);
+        for d in ds {
+            if d.flags & INDIRECT != 0 {
+                let n = (d.len / 16).min(65536) as u64;
+                for i in 0..n {
+                    let Some(a) = d.addr.checked_add(16 * i) else {
+                        break;
+                    };
+                    let es = desc_variants(mem, snaps, a, fields, &mut seen);
+                    if es.is_empty() {
+                        break;
+                    }
+                    out.extend(es);
+                }
+                continue;
+            }
+            out.push(d);
+            if d.flags & NEXT != 0 && d.next < size && !visited[d.next as usize] {
+                visited[d.next as usize] = true;
+                todo.push(d.next);
+            }
+        }
+    }
+    (out, seen)
+}
+
 /// Whether `[addr, addr + len)` lies inside a device-writable descriptor of
 /// `descs` (without wrapping past 2^64).
 pub fn in_writable(descs: &[RawDesc], addr: u64, len: u64) -> bool {

@@ -99,6 +99,14 @@ pub(crate) struct ExportRunner {
     pub(crate) connected: Arc<AtomicBool>,
     /// Ends this export's control thread (its frontend is drained first).
     stop: Arc<EventFd>,
+    /// Identity of the socket file this daemon bound: the path is removed
+    /// only if it still names that file, and first thing in `stop`, while
+    /// this daemon still accepts. During an upgrade the new daemon
+    /// (`--takeover`) binds a fresh socket at the same path as soon as this
+    /// one stops accepting; removing the path after that (as `stop` did, after
+    /// the drain and the fsync) unlinked the new daemon's socket, and no
+    /// frontend could reconnect.
+    socket_id: Option<SocketId>,
     control: Option<JoinHandle<()>>,
 }
 
@@ -119,12 +127,19 @@ impl ExportRunner {
         }
     }
 
-    /// Flushes the image and removes the socket (after `stop_and_join`).
+    /// Removes the socket file if it is still the one this daemon bound.
+    fn remove_socket(&self) {
+        if self.socket_id.is_some() && socket_id(&self.socket) == self.socket_id {
+            let _ = fs::remove_file(&self.socket);
+        }
+    }
+
+    /// Flushes the image and removes the socket if still ours (after `stop_and_join`).
     fn finish(&self) {
         if let Err(err) = self.device.disk.sync() {
             error!("export {}: fsync failed: {err}", self.name);
         }
-        let _ = fs::remove_file(&self.socket);
+        self.remove_socket();
     }
 }
 
@@ -256,6 +271,7 @@ impl DaemonState {
             message,
         };
         let listener = bind_socket(&c.socket, plan.socket_mode).map_err(sock_err)?;
+        let socket_id = socket_id(&c.socket);
         info!(
             "export {}: {} ({} bytes, backend {:?}, cache {:?}{}) on {} with {} queues, mapping {}",
             plan.name,
@@ -297,6 +313,7 @@ impl DaemonState {
             socket: c.socket.clone(),
             config: c.clone(),
             initial_map: plan.map,
+            socket_id,
             shared: weak,
             device,
             connected,
@@ -449,6 +466,12 @@ impl Daemon {
         if std::mem::replace(&mut self.stopped, true) {
             return;
         }
+        // The sockets go first, while the listeners still accept: a successor
+        // waiting with --takeover binds only once the path is free, and this
+        // daemon never touches the path again.
+        for e in self.state.exports.lock().unwrap().iter() {
+            e.remove_socket();
+        }
         let _ = self.shutdown.write(1);
         if let Some((j, path)) = self.control.take() {
             let _ = j.join();
@@ -489,6 +512,18 @@ impl Drop for Daemon {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Device, inode and change time of a file: a socket bound at the same path
+/// after ours was unlinked may reuse the inode number, not the change time.
+type SocketId = (u64, u64, i64, i64);
+
+/// The identity of the file at `path`, if there is one.
+fn socket_id(path: &Path) -> Option<SocketId> {
+    use std::os::unix::fs::MetadataExt;
+    fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino(), m.ctime(), m.ctime_nsec()))
 }
 
 /// Binds the listening socket, replacing a stale socket file but never a live
@@ -588,5 +623,32 @@ mod tests {
         assert!(!dir.path().join("d.sock").exists(), "socket removed");
         daemon.stop();
         drop(daemon);
+    }
+
+    /// During an upgrade the new daemon (`--takeover`) binds a socket at the
+    /// path once the old one stops accepting. The old daemon's exit must not
+    /// remove it (it did: QEMU then found no socket and never reconnected).
+    #[test]
+    fn stop_leaves_a_socket_another_daemon_bound_at_the_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d.sock");
+        let mut e = ExportConfig::new(path.clone());
+        e.backend = BackendKind::Null;
+        e.size = Some("1M".into());
+        let cfg = ServeConfig {
+            exports: vec![e],
+            ..Default::default()
+        };
+        let daemon = Daemon::start(&cfg).unwrap();
+        // The successor replaces the path with its own socket.
+        fs::remove_file(&path).unwrap();
+        let successor = UnixListener::bind(&path).unwrap();
+        daemon.shutdown();
+        assert!(
+            path.exists(),
+            "the old daemon removed its successor's socket"
+        );
+        assert!(UnixStream::connect(&path).is_ok());
+        drop(successor);
     }
 }

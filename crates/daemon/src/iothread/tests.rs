@@ -17,7 +17,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic};
 
 use super::executor::{Executor, SlotId};
 use super::queue::{Popped, QueueSlot, Queues, POP_BUDGET};
-use super::{BlockDevice, GuestMem, QueueAttach, QueueKey};
+use super::{BlockDevice, GuestMem, InflightTracking, QueueAttach, QueueKey};
 use crate::block::{Backend, Disk};
 use crate::seccomp::SeccompMode;
 use crate::stats::{IoThreadStats, QueueCounters};
@@ -96,6 +96,11 @@ impl Rig {
     }
 
     fn with(kind: Kind, o: Opts) -> Rig {
+        Rig::tracked(kind, o, None)
+    }
+
+    /// A rig whose queue is tracked in an inflight region.
+    fn tracked(kind: Kind, o: Opts, inflight: Option<InflightTracking>) -> Rig {
         let mem = GuestMem::from_ranges(&[(GuestAddress(0), MEM_SIZE as usize)]).unwrap();
         let vq = MockSplitQueue::new(&mem, QUEUE_SIZE);
         let mut queue: Queue = vq.create_queue().unwrap();
@@ -156,7 +161,7 @@ impl Rig {
             call: Some(File::options().write(true).open("/dev/null").unwrap()),
             mem: GuestMemoryAtomic::new(mem.clone()),
             device: device.clone(),
-            inflight: None,
+            inflight,
         };
         let mut queues = Queues::new(stats.clone());
         let id = queues.insert(QueueSlot::new(attach, counters.clone()));
@@ -1358,4 +1363,106 @@ fn a_handover_of_a_queue_not_served_moves_nothing() {
         reply: tx,
     });
     assert_eq!(rx.recv_timeout(Duration::from_secs(10)), Ok(None));
+}
+
+/// The inflight record of queue 0 as the frontend's copy of the region shows
+/// it: (inflight flag, counter) of descriptor `head`, and the header's
+/// `used_idx` (layout: crate::inflight's module documentation).
+fn region_desc(file: &File, head: u16) -> (u8, u64) {
+    use std::os::unix::fs::FileExt;
+    let mut b = [0u8; 16];
+    file.read_exact_at(&mut b, 16 + 16 * head as u64).unwrap();
+    (b[0], u64::from_ne_bytes(b[8..].try_into().unwrap()))
+}
+
+fn region_used_idx(file: &File) -> u16 {
+    use std::os::unix::fs::FileExt;
+    let mut b = [0u8; 2];
+    file.read_exact_at(&mut b, 14).unwrap();
+    u16::from_ne_bytes(b)
+}
+
+/// The IOThread's queue layer keeps the inflight record (vhost-user "Inflight
+/// I/O tracking"): a popped head is marked in flight with its pop order before
+/// it runs, a completed one is cleared once its used entry is published. Then
+/// a crash is simulated: one request still running, and the last completion
+/// published in the used ring but not yet cleared from the region. Recovery by
+/// the inflight module resubmits exactly the running one and not the one the
+/// guest has seen completed.
+#[test]
+fn inflight_record_follows_the_queue_and_survives_a_crash() {
+    use crate::inflight::{InflightLayout, InflightRegion};
+    use std::os::unix::fs::FileExt;
+    let layout = InflightLayout::new(1, QUEUE_SIZE).unwrap();
+    let (region, file) = InflightRegion::create(layout).unwrap();
+    let (record, recovery) = region.attach_queue(0, 0).unwrap();
+    assert!(recovery.fresh && recovery.resubmit.is_empty());
+    let o = Opts {
+        latency_ns: 30_000_000,
+        ..Opts::default()
+    };
+    let tracking = InflightTracking {
+        record,
+        resubmit: recovery.resubmit,
+    };
+    let mut r = Rig::tracked(Kind::Null, o, Some(tracking));
+    let reqs: Vec<Req> = (0..3)
+        .map(|i| r.push(req_type::OUT, 8 * i, &[(DATA, 512, false)]))
+        .collect();
+    // Popped (not yet completed): marked, counters in pop order.
+    r.queues.process(r.id, &mut r.exec, true);
+    assert_eq!(
+        r.used_idx(),
+        0,
+        "the null backend's latency keeps them running"
+    );
+    for (k, q) in reqs.iter().enumerate() {
+        assert_eq!(
+            region_desc(&file, q.head),
+            (1, k as u64 + 1),
+            "head {}",
+            q.head
+        );
+    }
+    // Completed: cleared, the region's used_idx follows the ring's.
+    let used = r.run();
+    assert_eq!(used.len(), 3);
+    for q in &reqs {
+        assert_eq!(region_desc(&file, q.head).0, 0, "head {} completed", q.head);
+        assert_eq!(r.status(q), status::OK);
+    }
+    assert_eq!(region_used_idx(&file), 3);
+
+    // One more request, popped and running when the process dies...
+    let running = r.push(req_type::OUT, 64, &[(DATA, 512, false)]);
+    r.queues.process(r.id, &mut r.exec, true);
+    assert_eq!(region_desc(&file, running.head), (1, 4));
+    // ...and the crash window of the third completion: the used ring shows it
+    // (idx 3), the region still has it in flight with used_idx 2 (its
+    // last_batch_head names it, as staging left it).
+    let last = reqs[2].head;
+    file.write_all_at(&[1], 16 + 16 * last as u64).unwrap();
+    file.write_all_at(&2u16.to_ne_bytes(), 14).unwrap();
+    let ring_used = r.used_idx();
+    assert_eq!(ring_used, 3);
+    drop(r);
+
+    // The restarted daemon attaches the same region to the ring.
+    let (_record, recovery) = region.attach_queue(0, ring_used).unwrap();
+    assert!(!recovery.fresh);
+    assert_eq!(
+        recovery.resubmit,
+        vec![running.head],
+        "only the request the guest has not seen completed runs again"
+    );
+    assert_eq!(
+        recovery.next_avail_idx, 4,
+        "the 4 popped heads are not popped again"
+    );
+    assert_eq!(
+        region_desc(&file, last).0,
+        0,
+        "the published head is cleared"
+    );
+    assert_eq!(region_used_idx(&file), 3);
 }

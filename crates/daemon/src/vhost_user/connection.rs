@@ -170,9 +170,18 @@ impl Connection {
         if queue.size() != v.size {
             return Err(invalid(&format!("vring {index}: size {} refused", v.size)));
         }
-        queue.set_desc_table_address(Some(v.desc as u32), Some((v.desc >> 32) as u32));
-        queue.set_avail_ring_address(Some(v.avail as u32), Some((v.avail >> 32) as u32));
-        queue.set_used_ring_address(Some(v.used as u32), Some((v.used >> 32) as u32));
+        // The crate's `set_*_address` would log a misaligned address and keep
+        // the old one (0): the ring would run on guest address 0. Refuse it.
+        let misaligned = |what: &str, e| invalid(&format!("vring {index}: {what}: {e}"));
+        queue
+            .try_set_desc_table_address(GuestAddress(v.desc))
+            .map_err(|e| misaligned("descriptor table", e))?;
+        queue
+            .try_set_avail_ring_address(GuestAddress(v.avail))
+            .map_err(|e| misaligned("avail ring", e))?;
+        queue
+            .try_set_used_ring_address(GuestAddress(v.used))
+            .map_err(|e| misaligned("used ring", e))?;
         queue.set_event_idx(event_idx);
         queue.set_next_avail(v.base);
         let mem = self.mem.memory();
@@ -442,6 +451,21 @@ impl VhostUserBackendReqHandlerMut for Connection {
             self.vmm_va_to_gpa(available)?,
         );
         let v = self.vring(index)?;
+        // Virtio 1.2, 2.7 (virtqueue alignment): descriptor table 16 bytes,
+        // avail ring 2, used ring 4. A refused address leaves the ring
+        // unstartable until a valid SET_VRING_ADDR.
+        v.addr_set = false;
+        for (what, addr, align) in [
+            ("descriptor table", d, 16),
+            ("avail ring", a, 2),
+            ("used ring", u, 4),
+        ] {
+            if addr % align != 0 {
+                return Err(invalid(&format!(
+                    "vring {index}: {what} address {addr:#x} is not {align}-byte aligned"
+                )));
+            }
+        }
         (v.desc, v.used, v.avail, v.addr_set) = (d, u, a, true);
         Ok(())
     }
@@ -500,11 +524,14 @@ impl VhostUserBackendReqHandlerMut for Connection {
     }
 
     fn get_protocol_features(&mut self) -> VhostResult<VhostUserProtocolFeatures> {
-        Ok(VhostUserProtocolFeatures::MQ
+        let mut offered = VhostUserProtocolFeatures::MQ
             | VhostUserProtocolFeatures::REPLY_ACK
             | VhostUserProtocolFeatures::CONFIG
-            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
-            | VhostUserProtocolFeatures::INFLIGHT_SHMFD)
+            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS;
+        if super::offer_inflight() {
+            offered |= VhostUserProtocolFeatures::INFLIGHT_SHMFD;
+        }
+        Ok(offered)
     }
 
     fn set_protocol_features(&mut self, _features: u64) -> VhostResult<()> {

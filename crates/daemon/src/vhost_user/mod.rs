@@ -24,7 +24,7 @@ mod connection;
 pub mod memory;
 mod session;
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 pub use connection::Connection;
 pub(crate) use session::wait_readable;
@@ -33,6 +33,25 @@ pub use session::{serve_frontend, SessionEnd, MESSAGE_TIMEOUT};
 use crate::iothread::{BlockDevice, IoThreadHandle};
 use crate::mapping::VirtqueueMap;
 use crate::virtio::BlkGeometry;
+
+/// Whether INFLIGHT_SHMFD is offered to frontends: always, except in tests
+/// that show what inflight tracking prevents. **Test-only:** the environment
+/// variable `VQBLK_TEST_NO_INFLIGHT=1` stops offering it (read once, at the
+/// first connection; logged). A frontend then restores a ring from its used
+/// index after a daemon crash, as before inflight tracking (docs/qemu.md).
+pub fn offer_inflight() -> bool {
+    static OFFER: OnceLock<bool> = OnceLock::new();
+    *OFFER.get_or_init(|| {
+        let off = std::env::var_os("VQBLK_TEST_NO_INFLIGHT").is_some_and(|v| v == "1");
+        if off {
+            log::warn!(
+                "VQBLK_TEST_NO_INFLIGHT=1: INFLIGHT_SHMFD is not offered (test only: \
+                 requests in flight when the daemon dies are lost or done twice)"
+            );
+        }
+        !off
+    })
+}
 
 /// What a connection needs from its export, shared by all its connections.
 pub struct ExportShared {
