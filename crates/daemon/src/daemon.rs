@@ -60,6 +60,26 @@ pub enum DaemonError {
     Seccomp(#[from] crate::seccomp::SeccompError),
 }
 
+/// Opens an rbd export's image (the spec was checked by validation).
+fn open_rbd(c: &crate::config::ExportConfig) -> Result<Disk, crate::block::BlockError> {
+    use crate::block::rbd::{ClientConfig, RbdError, RbdSpec, DEFAULT_OP_TIMEOUT_S};
+    let image = c.image.as_deref().expect("validated").to_string_lossy();
+    let spec = RbdSpec::parse(&image).map_err(RbdError::Setting)?;
+    let client = ClientConfig {
+        conf: c.ceph_conf.clone(),
+        id: c.ceph_id.clone(),
+        op_timeout_s: c.ceph_op_timeout.unwrap_or(DEFAULT_OP_TIMEOUT_S),
+        rbd_cache: c.cache == CacheMode::Writeback,
+    };
+    let disk = Disk::open_rbd(&spec, &client, c.read_only)?;
+    info!(
+        "{spec}: {} bytes{}",
+        disk.size,
+        if disk.read_only { ", read-only" } else { "" }
+    );
+    Ok(disk)
+}
+
 struct ExportRunner {
     name: String,
     socket: PathBuf,
@@ -92,6 +112,10 @@ impl Daemon {
                 BackendKind::Null => {
                     Disk::null(p.size.unwrap_or(0), c.read_only, c.latency_ns.unwrap_or(0))
                 }
+                BackendKind::Rbd => open_rbd(c).map_err(|source| DaemonError::Block {
+                    export: p.name.clone(),
+                    source,
+                })?,
                 kind => Disk::open(
                     c.image.as_deref().unwrap(),
                     if kind == BackendKind::Threads {
@@ -153,11 +177,12 @@ impl Daemon {
                 max_discard_sectors: MAX_ZERO_SECTORS,
                 max_write_zeroes_sectors: MAX_ZERO_SECTORS,
                 write_zeroes_may_unmap: true,
-                read_only: c.read_only,
+                // The disk's: an RBD snapshot is read-only without --read-only.
+                read_only: disk.read_only,
             };
             let limits = geometry.limits();
             let serial = c.serial.as_deref().unwrap_or(&plan.name);
-            let size = disk.size;
+            let (size, read_only) = (disk.size, disk.read_only);
             let device = Arc::new(BlockDevice::new(plan.name.clone(), disk, limits, serial));
             let shared = Arc::new(ExportShared {
                 index,
@@ -180,7 +205,7 @@ impl Daemon {
                 size,
                 c.backend,
                 c.cache,
-                if c.read_only { ", read-only" } else { "" },
+                if read_only { ", read-only" } else { "" },
                 c.socket.display(),
                 c.queues,
                 plan.map
