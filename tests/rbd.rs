@@ -141,6 +141,8 @@ fn rbd_backend_on_a_real_cluster() {
     assert_eq!(diff, None, "rbd export differs from what was written");
     snapshot_is_read_only(&cluster, &model);
     start_errors(&cluster);
+    // Last: it leaves the OSD unable to answer for a while.
+    unreachable_cluster_fails_requests(&cluster);
 }
 
 /// Several queues on two IOThreads write distinct patterns concurrently (many
@@ -158,7 +160,7 @@ fn concurrent_patterns(cluster: &Cluster, model: &mut Model) {
             }
         }
     }
-    model.set(0, &c.buf()[..4 * per].to_vec());
+    model.set(0, &c.buf()[..4 * per]);
     let addr = c.region.addr;
     std::thread::scope(|s| {
         for (w, q) in c.queues.iter_mut().enumerate() {
@@ -354,4 +356,44 @@ fn start_errors(cluster: &Cluster) {
     );
     let e = serve_refused(cluster, "rbd:rbd", &[]);
     assert!(e.contains("--image") && e.contains("rbd:POOL/IMAGE"), "{e}");
+}
+
+/// An OSD that stops answering makes requests fail with an I/O error after
+/// `ceph-op-timeout` (counted as errors), instead of hanging the queue.
+fn unreachable_cluster_fails_requests(cluster: &Cluster) {
+    let mut e = cluster.export(IMAGE, 1);
+    e.ceph_op_timeout = Some(2);
+    let daemon = start(e, 1);
+    let mut c = Client::connect(&daemon.sockets()[0], 1).unwrap();
+    assert_eq!(c.read(0, 0, 0, 4096), 0);
+    let pid = std::fs::read_to_string(cluster.dir.join("run/osd.0.pid")).unwrap();
+    let signal = |sig: &str| {
+        let ok = Command::new("kill")
+            .args([sig, pid.trim()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig} {pid}");
+    };
+    signal("-STOP");
+    let t = std::time::Instant::now();
+    // Client::wait gives up (and fails) after 20 s: the timeout is 2 s.
+    let r = c.read(0, 1 << 20, 0, 4096);
+    let waited = t.elapsed();
+    signal("-CONT");
+    assert!(r < 0, "a read from a silent OSD succeeded: {r}");
+    assert!(
+        waited.as_secs() >= 1,
+        "failed before the timeout: {waited:?}"
+    );
+    assert_eq!(c.read(0, 0, 0, 4096), 0, "works again once the OSD answers");
+    drop(c);
+    let stats = daemon.shutdown();
+    let errors: u64 = stats
+        .iothreads
+        .iter()
+        .flat_map(|t| &t.queues)
+        .map(|q| q.errors)
+        .sum();
+    assert_eq!(errors, 1);
 }

@@ -394,6 +394,40 @@ mod tests {
     }
 
     #[test]
+    fn an_rbd_image_selects_the_rbd_backend_and_takes_the_ceph_flags() {
+        let args = [
+            "serve",
+            "--image",
+            "rbd:p/i",
+            "--socket",
+            "/s",
+            "--ceph-conf",
+            "/c.conf",
+            "--ceph-id",
+            "u",
+            "--ceph-op-timeout",
+            "9",
+        ];
+        let (cfg, default) = T::try_parse_from(args).unwrap().a.to_config().unwrap();
+        assert!(!default);
+        let e = &cfg.exports[0];
+        assert_eq!(e.backend, BackendKind::Rbd);
+        assert_eq!(e.ceph_conf.as_deref(), Some(Path::new("/c.conf")));
+        assert_eq!(
+            (e.ceph_id.as_deref(), e.ceph_op_timeout),
+            (Some("u"), Some(9))
+        );
+        cfg.validate().unwrap();
+        let e = config_err(&["--image", "/i", "--socket", "/s", "--ceph-id", "u"]);
+        assert!(e.starts_with("--ceph-id: only for the rbd backend"), "{e}");
+        let e = config_err(&["--image", "rbd:p", "--socket", "/s"]);
+        assert!(
+            e.starts_with("--image: \"rbd:p\" is not an RBD image"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn flag_errors_name_the_flag() {
         let base = ["--image", "/i", "--socket", "/s"];
         let with = |extra: &[&str]| config_err(&[&base[..], extra].concat());

@@ -665,6 +665,43 @@ queues = 2
         assert_eq!(plans[1].map.to_string(), "0:0;1:1");
     }
 
+    #[test]
+    fn rbd_exports_take_the_ceph_keys_and_only_they() {
+        let ok = "[[export]]\nsocket = \"/s\"\nbackend = \"rbd\"\nimage = \"rbd:p/ns/i@snap\"\n\
+                  ceph-conf = \"/etc/ceph/c.conf\"\nceph-id = \"vqblk\"\nceph-op-timeout = 5\n";
+        let c = ServeConfig::from_toml(ok).unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.exports[0].ceph_id.as_deref(), Some("vqblk"));
+        assert_eq!(c.exports[0].ceph_op_timeout, Some(5));
+        let rbd = "[[export]]\nsocket = \"/s\"\nbackend = \"rbd\"\n";
+        for (extra, want) in [
+            ("", "export[0].image: missing"),
+            (
+                "image = \"rbd:pool\"",
+                "export[0].image: \"rbd:pool\" is not an RBD image",
+            ),
+            (
+                "image = \"rbd:p/i\"\ncreate = \"1G\"",
+                "export[0].create: not for the rbd",
+            ),
+            (
+                "image = \"rbd:p/i\"\nsize = \"1G\"",
+                "export[0].size: not for the rbd",
+            ),
+            (
+                "image = \"rbd:p/i\"\nceph-op-timeout = 0",
+                "export[0].ceph-op-timeout: 0",
+            ),
+        ] {
+            let e = err_of(&format!("{rbd}{extra}"));
+            assert!(e.starts_with(want), "{extra}: {e}");
+        }
+        let file = "[[export]]\nsocket = \"/s\"\nimage = \"/i\"\n";
+        assert!(err_of(&format!("{file}ceph-id = \"x\"")).starts_with("export[0].ceph-id: only"));
+        let e = err_of("[[export]]\nsocket = \"/s\"\nimage = \"rbd:p/i\"\n");
+        assert!(e.starts_with("export[0].backend: an rbd: image"), "{e}");
+    }
+
     fn err_of(text: &str) -> String {
         match ServeConfig::from_toml(text) {
             Err(e) => e.to_string(),

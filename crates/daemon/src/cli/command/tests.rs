@@ -54,6 +54,9 @@ fn back(a: ServeArgs) -> ServeCommand {
         seccomp,
         bounce_buffer_max,
         takeover,
+        ceph_conf,
+        ceph_id,
+        ceph_op_timeout,
     } = a;
     let bytes = |s: Option<String>| s.map(|s| crate::size::parse_size(&s).unwrap());
     ServeCommand {
@@ -93,6 +96,9 @@ fn back(a: ServeArgs) -> ServeCommand {
         seccomp,
         bounce_buffer_max: bytes(bounce_buffer_max),
         takeover,
+        ceph_conf,
+        ceph_id,
+        ceph_op_timeout,
     }
 }
 
@@ -148,6 +154,9 @@ fn full() -> ServeCommand {
         seccomp: Some(crate::seccomp::SeccompMode::Log),
         bounce_buffer_max: Some(16 << 20),
         takeover: true,
+        ceph_conf: Some("/etc/ceph/other.conf".into()),
+        ceph_id: Some("vqblk".into()),
+        ceph_op_timeout: Some(7),
     }
 }
 
