@@ -141,6 +141,7 @@ fn rbd_backend_on_a_real_cluster() {
     assert_eq!(diff, None, "rbd export differs from what was written");
     snapshot_is_read_only(&cluster, &model);
     start_errors(&cluster);
+    bench_native_librbd(&cluster);
     // Last: it leaves the OSD unable to answer for a while.
     unreachable_cluster_fails_requests(&cluster);
 }
@@ -396,4 +397,23 @@ fn unreachable_cluster_fails_requests(cluster: &Cluster) {
         .map(|q| q.errors)
         .sum();
     assert_eq!(errors, 1);
+}
+
+/// `vqblk bench`'s native librbd engine writes with checksums and reads back.
+fn bench_native_librbd(cluster: &Cluster) {
+    cluster.rbd(&["create", "--size", "16M", "rbd/bench"]);
+    let o = Command::new("timeout")
+        .args(["-k", "5", "120", env!("CARGO_BIN_EXE_vqblk"), "bench"])
+        .args(["--target", "rbd:rbd/bench", "--rw=randwrite", "--bs=4k"])
+        .args(["--iodepth=8", "--size=1m", "--verify=crc32c"])
+        .env("CEPH_CONF", &cluster.conf)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "bench on rbd: {}", show(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("ioengine=rbd") && out.contains("err= 0"),
+        "{out}"
+    );
+    assert!(out.contains("via librbd"), "{out}");
 }
