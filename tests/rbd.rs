@@ -142,6 +142,7 @@ fn rbd_backend_on_a_real_cluster() {
     snapshot_is_read_only(&cluster, &model);
     start_errors(&cluster);
     bench_native_librbd(&cluster);
+    sweep_plan_on_rbd(&cluster);
     // Last: it leaves the OSD unable to answer for a while.
     unreachable_cluster_fails_requests(&cluster);
 }
@@ -416,4 +417,71 @@ fn bench_native_librbd(cluster: &Cluster) {
         "{out}"
     );
     assert!(out.contains("via librbd"), "{out}");
+}
+
+/// `vqblk sweep --image rbd:...` plans the rbd backend, qsd's rbd driver and
+/// native librbd, with the image's size from the cluster.
+fn sweep_plan_on_rbd(cluster: &Cluster) {
+    use clap::Parser;
+    use vqblk_study::matrix::{Cell, Op, Setup};
+    use vqblk_study::sweep::plan::Plan;
+    use vqblk_study::sweep::SweepArgs;
+    #[derive(Parser)]
+    struct P {
+        #[command(flatten)]
+        a: SweepArgs,
+    }
+    // The sweep, its daemons and qsd find the cluster through $CEPH_CONF.
+    std::env::set_var("CEPH_CONF", &cluster.conf);
+    let argv = [
+        "sweep",
+        "--results",
+        "/dev/null",
+        "--image",
+        "rbd:rbd/bench",
+    ];
+    let args = P::try_parse_from(argv).unwrap().a;
+    let args_qsd = P::try_parse_from(argv.iter().chain(&["--baseline", "qemu-storage-daemon"]))
+        .unwrap()
+        .a;
+    let p = Plan::new(&args, "/x/vqblk".into(), 2).unwrap();
+    assert_eq!(p.target.bytes(), 16 << 20);
+    let cell = Cell {
+        bs: 4096,
+        op: Op::Read,
+        jobs: 1,
+        iodepth: 1,
+    };
+    assert_eq!(p.bench_argv(&cell, Setup::Native, None)[3], "rbd:rbd/bench");
+    let serve: Vec<String> = p
+        .server_argv(Setup::IoThreads(1))
+        .unwrap()
+        .iter()
+        .map(|s| s.to_string_lossy().into_owned())
+        .collect();
+    let serve = serve.join(" ");
+    assert!(
+        serve.contains("--backend rbd") && serve.contains("--image rbd:rbd/bench"),
+        "{serve}"
+    );
+    let q = Plan::new(&args_qsd, "/x/vqblk".into(), 2).unwrap();
+    let qsd: Vec<String> = q
+        .server_argv(Setup::Baseline)
+        .unwrap()
+        .iter()
+        .map(|s| s.to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        qsd[2].starts_with("driver=rbd,node-name=d,pool=rbd,image=bench"),
+        "{qsd:?}"
+    );
+    let e = Plan::new(
+        &P::try_parse_from(["sweep", "--results", "/dev/null", "--image", "rbd:rbd/none"])
+            .unwrap()
+            .a,
+        "/x/vqblk".into(),
+        2,
+    )
+    .unwrap_err();
+    assert!(format!("{e:#}").contains("does not exist"), "{e:#}");
 }
