@@ -11,11 +11,10 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
+use common::ceph::{show, Cluster};
 use common::*;
-use vqblk_daemon::config::{BackendKind, ExportConfig};
 
 /// Monitor port of the test cluster (msgr2; msgr1 is the next one). Not
 /// Ceph's default 3300, so a developer's cluster is left alone.
@@ -24,95 +23,6 @@ const MON_PORT: u16 = 3460;
 const SIZE: u64 = 64 << 20;
 const BS: usize = 4096;
 const IMAGE: &str = "rbd/vqblk";
-
-/// The throw-away cluster; stopped and wiped on drop.
-struct Cluster {
-    dir: PathBuf,
-    conf: PathBuf,
-}
-
-fn script(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("scripts/ceph")
-        .join(name)
-}
-
-fn show(o: &Output) -> String {
-    format!(
-        "{}\nstdout:\n{}\nstderr:\n{}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-impl Cluster {
-    fn start() -> Cluster {
-        let dir = std::env::temp_dir().join(format!("vqblk-rbd-test-{}", std::process::id()));
-        let c = Cluster {
-            conf: dir.join("ceph.conf"),
-            dir,
-        };
-        // Bounded: the script's own steps time out, and the whole at 180 s.
-        let o = Command::new("timeout")
-            .args(["-k", "5", "180"])
-            .arg(script("start.sh"))
-            .env("CEPH_DIR", &c.dir)
-            .env("MON_PORT", MON_PORT.to_string())
-            .output()
-            .expect("run scripts/ceph/start.sh");
-        // On failure the guard `c` stops what did start.
-        assert!(
-            o.status.success(),
-            "the test cluster did not start: {}",
-            show(&o)
-        );
-        c
-    }
-
-    /// Runs the `rbd` CLI against this cluster; panics with its output on failure.
-    fn rbd(&self, args: &[&str]) -> Output {
-        let o = Command::new("timeout")
-            .args(["-k", "5", "60", "rbd", "--conf"])
-            .arg(&self.conf)
-            .args(args)
-            .output()
-            .expect("run rbd");
-        assert!(o.status.success(), "rbd {args:?}: {}", show(&o));
-        o
-    }
-
-    /// The whole image as bytes (`rbd export`).
-    fn export_bytes(&self, image: &str) -> Vec<u8> {
-        let f = self.dir.join("export.raw");
-        let _ = std::fs::remove_file(&f);
-        self.rbd(&["export", "--no-progress", image, f.to_str().unwrap()]);
-        let data = std::fs::read(&f).unwrap();
-        std::fs::remove_file(&f).unwrap();
-        data
-    }
-
-    fn export(&self, image: &str, queues: u16) -> ExportConfig {
-        let dir = scratch(&format!("rbd-{}", image.replace(['/', '@'], "-")));
-        let mut e = ExportConfig::new(dir.join("disk.sock"));
-        e.backend = BackendKind::Rbd;
-        e.image = Some(PathBuf::from(format!("rbd:{image}")));
-        e.ceph_conf = Some(self.conf.clone());
-        e.ceph_op_timeout = Some(20);
-        e.queues = queues;
-        e
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let _ = Command::new("timeout")
-            .args(["-k", "5", "60"])
-            .arg(script("stop.sh"))
-            .env("CEPH_DIR", &self.dir)
-            .status();
-    }
-}
 
 /// The image's expected content: every write of the steps is mirrored here.
 struct Model(Vec<u8>);
@@ -128,7 +38,7 @@ impl Model {
 
 #[test]
 fn rbd_backend_on_a_real_cluster() {
-    let cluster = Cluster::start();
+    let cluster = Cluster::start(MON_PORT);
     cluster.rbd(&["create", "--size", "64M", IMAGE]);
     let mut model = Model(vec![0; SIZE as usize]);
     concurrent_patterns(&cluster, &mut model);
