@@ -775,6 +775,45 @@ fn guest_rw_four_queues_two_iothreads() {
     case.done();
 }
 
+/// A guest on an RBD export (issue 14): 4 queues over 2 IOThreads on an image of
+/// a throw-away Ceph cluster; every CPU writes its pattern through its queue,
+/// reads it back, discards; afterwards the image's bytes, exported with the
+/// `rbd` CLI, hold the patterns and the zeroed discard region.
+#[test]
+fn guest_rw_on_an_rbd_image() {
+    let case = Case::new("rbd");
+    // Its own monitor port: tests/rbd.rs's cluster may run at the same time.
+    let cluster = common::ceph::Cluster::start(3470);
+    let size = format!("{}M", IMAGE_SIZE / MIB);
+    cluster.rbd(&["create", "--size", &size, "rbd/guest"]);
+    let sock = case.dir.join("vqblk.sock");
+    let serial = "VQBLK-E2E-RBD";
+    let mut o = DaemonOpts::rw4(Path::new("rbd:rbd/guest"), &sock, serial);
+    o.create = false;
+    let conf = cluster.conf.to_string_lossy().into_owned();
+    let d = Daemon::start_with(&case, "vqblk", &o, &["--ceph-conf", &conf]);
+    let append = format!("{} vqblk.mq_queues=4", rw_append(serial, 4, 1024, 5, true));
+    let r = Guest::spawn(&case, "guest", &sock, &GuestOpts::new(4, 4, &append)).expect_ok(&case);
+    check_facts(&case, &r, 4, CAPACITY_SECTORS, serial, false);
+    check_writers(&case, &r, 4);
+    case.check(r["discard"]["reads_zero"] == true, || {
+        format!("discard: {}", r["discard"])
+    });
+    let fin = d.term(&case);
+    print_stats("final", &fin);
+    case.check(total(&fin, "errors") == 0, || format!("errors: {fin}"));
+    case.check(total(&fin, "writes") > 0, || format!("no writes: {fin}"));
+    let exported = case.dir.join("rbd-export.raw");
+    cluster.rbd(&[
+        "export",
+        "--no-progress",
+        "rbd/guest",
+        exported.to_str().unwrap(),
+    ]);
+    check_image(&case, &exported, 4, 1024, 5, true);
+    case.done();
+}
+
 /// Device reset inside one QEMU process (guest `reboot -f`, same vhost-user
 /// connection) and a fresh QEMU process (new connection) on the same daemon:
 /// both see the data the first boot wrote.

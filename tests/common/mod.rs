@@ -11,6 +11,8 @@ use blkio::{Blkio, Blkioq, Completion, MemoryRegion, ReqFlags};
 use vqblk_daemon::config::{BackendKind, CacheMode, ExportConfig, ServeConfig};
 use vqblk_daemon::daemon::Daemon;
 
+pub mod ceph;
+
 /// A scratch directory on a disk file system (O_DIRECT works there, unlike tmpfs).
 pub fn scratch(name: &str) -> PathBuf {
     let base =

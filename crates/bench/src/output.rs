@@ -194,6 +194,8 @@ fn job_options(j: &JobReport) -> Value {
     if s.target.is_vhost_user() {
         put("ioengine", "libblkio".into());
         put("libblkio_wait_mode", s.wait_mode.as_str().into());
+    } else if matches!(s.target, crate::options::Target::Rbd(_)) {
+        put("ioengine", "rbd".into());
     } else {
         put("ioengine", "io_uring".into());
         put("direct", u8::from(s.direct).to_string());
@@ -445,6 +447,8 @@ fn job_header(out: &mut String, j: &JobReport) {
         s.iodepth,
         if s.target.is_vhost_user() {
             format!(", ioengine=libblkio, wait_mode={}", s.wait_mode.as_str())
+        } else if matches!(s.target, crate::options::Target::Rbd(_)) {
+            ", ioengine=rbd".to_string()
         } else {
             format!(", ioengine=io_uring, direct={}", u8::from(s.direct))
         }

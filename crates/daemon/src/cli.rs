@@ -24,7 +24,7 @@ pub const DEFAULT_SIZE: &str = "1G";
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     /// TOML configuration file (`[iothreads]` and `[[export]]` tables).
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["image", "socket", "backend", "map", "poll", "poll_max_ns", "poll_grow", "poll_shrink", "poll_weight"])]
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["image", "socket", "backend", "ceph_conf", "ceph_id", "ceph_op_timeout", "map", "poll", "poll_max_ns", "poll_grow", "poll_shrink", "poll_weight"])]
     pub config: Option<PathBuf>,
     /// Raw image file or block device to export.
     #[arg(long, value_name = "PATH")]
@@ -88,6 +88,17 @@ pub struct ServeArgs {
     /// Create the image with this size if it does not exist (sparse).
     #[arg(long, value_name = "SIZE")]
     pub create: Option<String>,
+    /// rbd backend: ceph.conf to read (default: librados's search, $CEPH_CONF first).
+    #[arg(long, value_name = "PATH")]
+    pub ceph_conf: Option<PathBuf>,
+    /// rbd backend: cephx user without "client." (default admin); the keyring
+    /// comes from the configuration.
+    #[arg(long, value_name = "NAME")]
+    pub ceph_id: Option<String>,
+    /// rbd backend: seconds before a request to an unreachable cluster fails
+    /// (rados_osd_op_timeout; default 30).
+    #[arg(long, value_name = "SECONDS")]
+    pub ceph_op_timeout: Option<u64>,
     /// Socket file mode, octal.
     #[arg(long, value_name = "MODE")]
     pub socket_mode: Option<String>,
@@ -163,7 +174,19 @@ impl ServeArgs {
         e.name = self.name.clone();
         e.queues = queues;
         e.queue_size = self.queue_size;
-        e.backend = self.backend.unwrap_or(BackendKind::IoUring);
+        // An rbd: image selects the rbd backend unless another is named.
+        let rbd_image = e
+            .image
+            .as_deref()
+            .is_some_and(crate::block::rbd::is_rbd_image);
+        e.backend = self.backend.unwrap_or(if rbd_image {
+            BackendKind::Rbd
+        } else {
+            BackendKind::IoUring
+        });
+        e.ceph_conf = self.ceph_conf.clone();
+        e.ceph_id = self.ceph_id.clone();
+        e.ceph_op_timeout = self.ceph_op_timeout;
         e.cache = self.cache;
         e.read_only = self.read_only;
         e.serial = self.serial.clone();
@@ -416,6 +439,40 @@ mod tests {
         let (cfg, _) = t.a.to_config().unwrap();
         let e = cfg.validate().unwrap_err();
         format!("{}: {}", flag_name(&e.field), e.message)
+    }
+
+    #[test]
+    fn an_rbd_image_selects_the_rbd_backend_and_takes_the_ceph_flags() {
+        let args = [
+            "serve",
+            "--image",
+            "rbd:p/i",
+            "--socket",
+            "/s",
+            "--ceph-conf",
+            "/c.conf",
+            "--ceph-id",
+            "u",
+            "--ceph-op-timeout",
+            "9",
+        ];
+        let (cfg, default) = T::try_parse_from(args).unwrap().a.to_config().unwrap();
+        assert!(!default);
+        let e = &cfg.exports[0];
+        assert_eq!(e.backend, BackendKind::Rbd);
+        assert_eq!(e.ceph_conf.as_deref(), Some(Path::new("/c.conf")));
+        assert_eq!(
+            (e.ceph_id.as_deref(), e.ceph_op_timeout),
+            (Some("u"), Some(9))
+        );
+        cfg.validate().unwrap();
+        let e = config_err(&["--image", "/i", "--socket", "/s", "--ceph-id", "u"]);
+        assert!(e.starts_with("--ceph-id: only for the rbd backend"), "{e}");
+        let e = config_err(&["--image", "rbd:p", "--socket", "/s"]);
+        assert!(
+            e.starts_with("--image: \"rbd:p\" is not an RBD image"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -52,6 +52,9 @@ pub enum BackendKind {
     Threads,
     /// Completes every request at once; reads return zeroes. Measures overhead.
     Null,
+    /// An RBD image on a Ceph cluster (`image = "rbd:POOL/IMAGE"`), through
+    /// librbd's asynchronous API (librbd1 loaded at run time).
+    Rbd,
 }
 
 /// Host page-cache use, named like QEMU's `cache=` option.
@@ -214,7 +217,8 @@ pub struct ExportConfig {
     /// Name used in logs and statistics (default: `export<N>`).
     #[serde(default)]
     pub name: Option<String>,
-    /// Raw image file or block device (not needed with the null backend).
+    /// Raw image file or block device (not needed with the null backend), or
+    /// with the rbd backend an RBD image: `rbd:POOL/[NAMESPACE/]IMAGE[@SNAP]`.
     #[serde(default)]
     pub image: Option<PathBuf>,
     /// Path of the vhost-user Unix socket to listen on.
@@ -256,6 +260,17 @@ pub struct ExportConfig {
     /// QEMU's null-co `latency-ns`; default 0 = at once).
     #[serde(default)]
     pub latency_ns: Option<u64>,
+    /// rbd backend: the ceph.conf to read (default: librados's search, `$CEPH_CONF` first).
+    #[serde(default)]
+    pub ceph_conf: Option<PathBuf>,
+    /// rbd backend: the cephx user, without `client.` (default `admin`); its
+    /// keyring comes from the configuration, as for the `rbd` CLI.
+    #[serde(default)]
+    pub ceph_id: Option<String>,
+    /// rbd backend: seconds before a request to an unreachable cluster fails
+    /// (`rados_osd_op_timeout`; also the monitor and connect timeouts; default 30).
+    #[serde(default)]
+    pub ceph_op_timeout: Option<u64>,
 }
 
 fn one_u16() -> u16 {
@@ -290,6 +305,9 @@ impl ExportConfig {
             size: None,
             create: None,
             latency_ns: None,
+            ceph_conf: None,
+            ceph_id: None,
+            ceph_op_timeout: None,
         }
     }
 }
@@ -569,6 +587,34 @@ pub(crate) fn validate_export(
                 ));
             }
         }
+        BackendKind::Rbd => {
+            let Some(image) = &e.image else {
+                return Err(ConfigError::new(
+                    f("image"),
+                    "missing (an RBD image: rbd:POOL/IMAGE)",
+                ));
+            };
+            crate::block::rbd::RbdSpec::parse(&image.to_string_lossy())
+                .map_err(|m| ConfigError::new(f("image"), m))?;
+            for (name, given) in [
+                ("size", e.size.is_some()),
+                ("create", e.create.is_some()),
+                ("latency-ns", e.latency_ns.is_some()),
+            ] {
+                if given {
+                    return Err(ConfigError::new(
+                        f(name),
+                        "not for the rbd backend (the image's size is its own; create it with `rbd create`)",
+                    ));
+                }
+            }
+            if e.ceph_op_timeout == Some(0) {
+                return Err(ConfigError::new(
+                    f("ceph-op-timeout"),
+                    "0 would wait for ever on an unreachable cluster (give seconds, e.g. 30)",
+                ));
+            }
+        }
         _ => {
             if e.image.is_none() {
                 return Err(ConfigError::new(
@@ -588,6 +634,26 @@ pub(crate) fn validate_export(
                     "only the null backend takes a size (use create to make a new image)",
                 ));
             }
+        }
+    }
+    if e.backend != BackendKind::Rbd {
+        for (name, given) in [
+            ("ceph-conf", e.ceph_conf.is_some()),
+            ("ceph-id", e.ceph_id.is_some()),
+            ("ceph-op-timeout", e.ceph_op_timeout.is_some()),
+        ] {
+            if given {
+                return Err(ConfigError::new(f(name), "only for the rbd backend"));
+            }
+        }
+        if e.image
+            .as_deref()
+            .is_some_and(crate::block::rbd::is_rbd_image)
+        {
+            return Err(ConfigError::new(
+                f("backend"),
+                "an rbd: image needs backend = \"rbd\"",
+            ));
         }
     }
     if let Some(s) = &e.serial {
@@ -722,6 +788,43 @@ queues = 2
         assert!(err_of(&clash).starts_with("control.socket: "));
         assert!(err_of("[control]\nsockets = \"/c\"\n").contains("sockets"));
         assert!(err_of("[iothreads]\ncount = 1\n").starts_with("export: "));
+    }
+
+    #[test]
+    fn rbd_exports_take_the_ceph_keys_and_only_they() {
+        let ok = "[[export]]\nsocket = \"/s\"\nbackend = \"rbd\"\nimage = \"rbd:p/ns/i@snap\"\n\
+                  ceph-conf = \"/etc/ceph/c.conf\"\nceph-id = \"vqblk\"\nceph-op-timeout = 5\n";
+        let c = ServeConfig::from_toml(ok).unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.exports[0].ceph_id.as_deref(), Some("vqblk"));
+        assert_eq!(c.exports[0].ceph_op_timeout, Some(5));
+        let rbd = "[[export]]\nsocket = \"/s\"\nbackend = \"rbd\"\n";
+        for (extra, want) in [
+            ("", "export[0].image: missing"),
+            (
+                "image = \"rbd:pool\"",
+                "export[0].image: \"rbd:pool\" is not an RBD image",
+            ),
+            (
+                "image = \"rbd:p/i\"\ncreate = \"1G\"",
+                "export[0].create: not for the rbd",
+            ),
+            (
+                "image = \"rbd:p/i\"\nsize = \"1G\"",
+                "export[0].size: not for the rbd",
+            ),
+            (
+                "image = \"rbd:p/i\"\nceph-op-timeout = 0",
+                "export[0].ceph-op-timeout: 0",
+            ),
+        ] {
+            let e = err_of(&format!("{rbd}{extra}"));
+            assert!(e.starts_with(want), "{extra}: {e}");
+        }
+        let file = "[[export]]\nsocket = \"/s\"\nimage = \"/i\"\n";
+        assert!(err_of(&format!("{file}ceph-id = \"x\"")).starts_with("export[0].ceph-id: only"));
+        let e = err_of("[[export]]\nsocket = \"/s\"\nimage = \"rbd:p/i\"\n");
+        assert!(e.starts_with("export[0].backend: an rbd: image"), "{e}");
     }
 
     fn err_of(text: &str) -> String {

@@ -251,11 +251,12 @@ impl DaemonState {
             max_discard_sectors: MAX_ZERO_SECTORS,
             max_write_zeroes_sectors: MAX_ZERO_SECTORS,
             write_zeroes_may_unmap: true,
-            read_only: c.read_only,
+            // The disk's, not the setting's: an RBD snapshot is read-only.
+            read_only: disk.read_only,
         };
         let limits = geometry.limits();
         let serial = c.serial.as_deref().unwrap_or(&plan.name);
-        let size = disk.size;
+        let (size, read_only) = (disk.size, disk.read_only);
         let device = Arc::new(BlockDevice::new(plan.name.clone(), disk, limits, serial));
         let shared = Arc::new(ExportShared {
             index,
@@ -281,7 +282,7 @@ impl DaemonState {
             size,
             c.backend,
             c.cache,
-            if c.read_only { ", read-only" } else { "" },
+            if read_only { ", read-only" } else { "" },
             c.socket.display(),
             c.queues,
             plan.map
@@ -323,6 +324,26 @@ impl DaemonState {
     }
 }
 
+/// Opens an rbd export's image (the spec was checked by validation).
+fn open_rbd(c: &ExportConfig) -> Result<Disk, BlockError> {
+    use crate::block::rbd::{ClientConfig, RbdError, RbdSpec, DEFAULT_OP_TIMEOUT_S};
+    let image = c.image.as_deref().expect("validated").to_string_lossy();
+    let spec = RbdSpec::parse(&image).map_err(RbdError::Setting)?;
+    let client = ClientConfig {
+        conf: c.ceph_conf.clone(),
+        id: c.ceph_id.clone(),
+        op_timeout_s: c.ceph_op_timeout.unwrap_or(DEFAULT_OP_TIMEOUT_S),
+        rbd_cache: c.cache == CacheMode::Writeback,
+    };
+    let disk = Disk::open_rbd(&spec, &client, c.read_only)?;
+    info!(
+        "{spec}: {} bytes{}",
+        disk.size,
+        if disk.read_only { ", read-only" } else { "" }
+    );
+    Ok(disk)
+}
+
 /// Opens the disk of a validated export (a null disk needs nothing opened).
 fn open_disk(p: &ExportPlan) -> Result<Disk, DaemonError> {
     let c = &p.config;
@@ -330,6 +351,10 @@ fn open_disk(p: &ExportPlan) -> Result<Disk, DaemonError> {
         BackendKind::Null => {
             Disk::null(p.size.unwrap_or(0), c.read_only, c.latency_ns.unwrap_or(0))
         }
+        BackendKind::Rbd => open_rbd(c).map_err(|source| DaemonError::Block {
+            export: p.name.clone(),
+            source,
+        })?,
         kind => Disk::open(
             c.image.as_deref().unwrap(),
             if kind == BackendKind::Threads {

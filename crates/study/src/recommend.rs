@@ -169,29 +169,34 @@ pub fn reasoning(
     o
 }
 
-/// The snippets for `k` IOThreads (0 = the baseline suffices) and `queues` queues.
-pub fn snippets(k: u32, queues: u32, nproc: u32) -> String {
+/// The snippets for `k` IOThreads (0 = the baseline suffices) and `queues` queues,
+/// for a raw image file or, with `rbd` (`POOL/IMAGE`), an RBD image.
+pub fn snippets(k: u32, queues: u32, nproc: u32, rbd: Option<&str>) -> String {
     let kk = k.max(1);
     let queues = queues.max(kk);
     let mut o = String::new();
-    vqblk_snippets(&mut o, k, kk, queues);
+    vqblk_snippets(&mut o, k, kk, queues, rbd);
     vhost_user_snippets(&mut o, queues);
-    libvirt_virtio_blk_snippet(&mut o, k, kk, queues, nproc);
-    qemu_virtio_blk_snippet(&mut o, kk, queues);
+    libvirt_virtio_blk_snippet(&mut o, k, kk, queues, nproc, rbd);
+    qemu_virtio_blk_snippet(&mut o, kk, queues, rbd);
     kubevirt_snippet(&mut o, kk);
     o
 }
 
 /// `vqblk serve` with `kk` IOThreads, as flags and as a configuration file; polling
 /// off when the baseline (`k` = 0) sufficed.
-fn vqblk_snippets(o: &mut String, k: u32, kk: u32, queues: u32) {
+fn vqblk_snippets(o: &mut String, k: u32, kk: u32, queues: u32, rbd: Option<&str>) {
+    let (image, backend) = match rbd {
+        Some(spec) => (format!("rbd:{spec}"), "backend = \"rbd\"\n"),
+        None => ("/var/lib/vqblk/disk.raw".to_string(), ""),
+    };
     let note = if k == 0 {
         "# The baseline (one IOThread, no polling) was as good as more IOThreads.\n"
     } else {
         ""
     };
     let poll = if k == 0 { " --poll off" } else { "" };
-    let _ = writeln!(o, "--- vqblk serve (flags)\n{note}vqblk serve --image /var/lib/vqblk/disk.raw --socket /run/vqblk/disk.sock --queues {queues} --iothreads {kk}{poll}\n");
+    let _ = writeln!(o, "--- vqblk serve (flags)\n{note}vqblk serve --image {image} --socket /run/vqblk/disk.sock --queues {queues} --iothreads {kk}{poll}\n");
     let _ = writeln!(
         o,
         "--- vqblk serve --config vqblk.toml\n{note}[iothreads]\ncount = {kk}"
@@ -201,7 +206,7 @@ fn vqblk_snippets(o: &mut String, k: u32, kk: u32, queues: u32) {
     }
     let _ = writeln!(
         o,
-        "\n[[export]]\nname = \"disk\"\nimage = \"/var/lib/vqblk/disk.raw\"\nsocket = \"/run/vqblk/disk.sock\"\nqueues = {queues}\n"
+        "\n[[export]]\nname = \"disk\"\n{backend}image = \"{image}\"\nsocket = \"/run/vqblk/disk.sock\"\nqueues = {queues}\n"
     );
 }
 
@@ -223,7 +228,14 @@ fn vhost_user_snippets(o: &mut String, queues: u32) {
 
 /// QEMU's own virtio-blk with `kk` IOThreads in libvirt domain XML, pinned
 /// round-robin over `nproc` host CPUs.
-fn libvirt_virtio_blk_snippet(o: &mut String, k: u32, kk: u32, queues: u32, nproc: u32) {
+fn libvirt_virtio_blk_snippet(
+    o: &mut String,
+    k: u32,
+    kk: u32,
+    queues: u32,
+    nproc: u32,
+    rbd: Option<&str>,
+) {
     let _ = writeln!(
         o,
         "--- or QEMU's own virtio-blk with the same count: libvirt domain XML"
@@ -249,21 +261,38 @@ fn libvirt_virtio_blk_snippet(o: &mut String, k: u32, kk: u32, queues: u32, npro
             (i - 1) % nproc.max(1)
         );
     }
+    let (disk_type, io) = match rbd {
+        Some(_) => ("network", ""),
+        None => ("file", " io='native'"),
+    };
     let _ = writeln!(
         o,
-        "</cputune>\n<disk type='file' device='disk'>\n  <driver name='qemu' type='raw' cache='none' io='native' queues='{queues}'>\n    <iothreads>"
+        "</cputune>\n<disk type='{disk_type}' device='disk'>\n  <driver name='qemu' type='raw' cache='none'{io} queues='{queues}'>\n    <iothreads>"
     );
     for i in 1..=kk {
         let _ = writeln!(o, "      <iothread id='{i}'/>");
     }
+    let source = match rbd {
+        // cephx: add <auth username='NAME'><secret type='ceph' uuid='...'/></auth>.
+        Some(spec) => format!(
+            "<source protocol='rbd' name='{spec}'>\n    <host name='MONITOR-HOST' port='3300'/>\n  </source>"
+        ),
+        None => "<source file='/var/lib/libvirt/images/disk.raw'/>".to_string(),
+    };
     let _ = writeln!(
         o,
-        "    </iothreads>\n  </driver>\n  <source file='/var/lib/libvirt/images/disk.raw'/>\n  <target dev='vda' bus='virtio'/>\n</disk>\n"
+        "    </iothreads>\n  </driver>\n  {source}\n  <target dev='vda' bus='virtio'/>\n</disk>\n"
     );
 }
 
 /// QEMU's own virtio-blk with `kk` IOThreads on the command line.
-fn qemu_virtio_blk_snippet(o: &mut String, kk: u32, queues: u32) {
+fn qemu_virtio_blk_snippet(o: &mut String, kk: u32, queues: u32, rbd: Option<&str>) {
+    let blockdev = match rbd.map(|s| s.split_once('/').unwrap_or((s, ""))) {
+        Some((pool, image)) => format!(
+            "{{\"driver\":\"rbd\",\"pool\":\"{pool}\",\"image\":\"{image}\",\"node-name\":\"d0\",\"cache\":{{\"direct\":true}}}}"
+        ),
+        None => "{\"driver\":\"file\",\"filename\":\"/var/lib/images/disk.raw\",\"node-name\":\"d0\",\"cache\":{\"direct\":true},\"aio\":\"native\"}".to_string(),
+    };
     let objects: Vec<String> = (0..kk)
         .map(|i| format!("-object iothread,id=iot{i}"))
         .collect();
@@ -273,7 +302,7 @@ fn qemu_virtio_blk_snippet(o: &mut String, kk: u32, queues: u32) {
     let _ = writeln!(
         o,
         "--- QEMU command line (virtio-blk, iothread-vq-mapping: queues round-robin over the IOThreads)\n{} \\\n  \
-         -blockdev '{{\"driver\":\"file\",\"filename\":\"/var/lib/images/disk.raw\",\"node-name\":\"d0\",\"cache\":{{\"direct\":true}},\"aio\":\"native\"}}' \\\n  \
+         -blockdev '{blockdev}' \\\n  \
          -device '{{\"driver\":\"virtio-blk-pci\",\"drive\":\"d0\",\"num-queues\":{queues},\"iothread-vq-mapping\":[{}]}}'\n",
         objects.join(" "),
         mapping.join(",")
@@ -319,7 +348,11 @@ pub fn run(args: RecommendArgs) -> anyhow::Result<i32> {
     noise_caution(&mut o, &cells, args.study.noise);
     let queues = args.queues.or(h.map(|h| h.queues)).unwrap_or(k.max(1));
     let nproc = h.map(|h| h.host.nproc).unwrap_or(1);
-    let _ = writeln!(o, "\n{}", snippets(k, queues, nproc));
+    let rbd = h
+        .filter(|h| h.storage.kind == "rbd")
+        .and_then(|h| h.storage.path.as_ref())
+        .map(|p| p.to_string_lossy().trim_start_matches("rbd:").to_string());
+    let _ = writeln!(o, "\n{}", snippets(k, queues, nproc, rbd.as_deref()));
     print!("{o}");
     Ok(0)
 }
@@ -429,7 +462,7 @@ mod tests {
 
     #[test]
     fn snippets_for_four_iothreads() {
-        let s = snippets(4, 8, 2);
+        let s = snippets(4, 8, 2, None);
         assert!(s.contains("--queues 8 --iothreads 4\n"));
         assert!(s.contains("[iothreads]\ncount = 4\n"));
         assert!(s.contains("<iothreads>4</iothreads>"));
@@ -447,12 +480,36 @@ mod tests {
     }
 
     #[test]
+    fn snippets_for_an_rbd_image() {
+        let s = snippets(2, 4, 2, Some("rbd/vm1"));
+        assert!(
+            s.contains("vqblk serve --image rbd:rbd/vm1 --socket"),
+            "{s}"
+        );
+        assert!(
+            s.contains("backend = \"rbd\"\nimage = \"rbd:rbd/vm1\""),
+            "{s}"
+        );
+        assert!(s.contains("<disk type='network' device='disk'>"), "{s}");
+        assert!(
+            s.contains("<driver name='qemu' type='raw' cache='none' queues='4'>"),
+            "{s}"
+        );
+        assert!(s.contains("<source protocol='rbd' name='rbd/vm1'>"), "{s}");
+        assert!(
+            s.contains("\"driver\":\"rbd\",\"pool\":\"rbd\",\"image\":\"vm1\""),
+            "{s}"
+        );
+        assert!(!s.contains("disk.raw"), "{s}");
+    }
+
+    #[test]
     fn snippets_for_the_baseline() {
-        let s = snippets(0, 4, 2);
+        let s = snippets(0, 4, 2, None);
         assert!(s.contains("--iothreads 1 --poll off"));
         assert!(s.contains("poll = \"off\""));
         assert!(s.contains("<iothreads>1</iothreads>"));
         // More IOThreads than queues would leave threads idle: queues grow to match.
-        assert!(snippets(4, 2, 2).contains("--queues 4 --iothreads 4"));
+        assert!(snippets(4, 2, 2, None).contains("--queues 4 --iothreads 4"));
     }
 }

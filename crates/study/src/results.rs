@@ -34,9 +34,9 @@ pub struct Host {
 /// What was measured.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 pub struct Storage {
-    /// `null`, `image` or `device`.
+    /// `null`, `image`, `device` or `rbd`.
     pub kind: String,
-    /// Image or device path (none for null).
+    /// Image or device path, `rbd:POOL/IMAGE` for rbd (none for null).
     pub path: Option<PathBuf>,
     /// Capacity in bytes.
     pub bytes: u64,

@@ -42,8 +42,10 @@ pub enum BaselineKind {
 /// Options of `vqblk sweep`.
 #[derive(Debug, Clone, Args)]
 pub struct SweepArgs {
-    /// Raw image file to measure, opened with O_DIRECT (cache none). Write cells
-    /// overwrite data inside the file (never beyond its size).
+    /// Raw image file to measure, opened with O_DIRECT (cache none), or an RBD
+    /// image `rbd:POOL/IMAGE` on the cluster `$CEPH_CONF` names (served by the
+    /// rbd backend, qsd's rbd driver; native is librbd). Write cells overwrite
+    /// data inside the image (never beyond its size).
     #[arg(long, value_name = "PATH", conflicts_with_all = ["device", "backend"])]
     pub image: Option<PathBuf>,
     /// With --image: create the image with this size if it does not exist, filled with

@@ -6,6 +6,7 @@
 //! owns it until [`Engine::reap`] hands it back).
 
 pub mod blkio;
+pub mod rbd;
 pub mod uring;
 
 use crate::job::Dir;

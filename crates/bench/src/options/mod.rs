@@ -206,14 +206,21 @@ pub enum Target {
     File(PathBuf),
     /// A block device, driven natively through io_uring.
     Dev(PathBuf),
+    /// An RBD image (`POOL/[NAMESPACE/]IMAGE`), driven natively through librbd
+    /// (the configuration from `$CEPH_CONF`), as fio's rbd engine does.
+    Rbd(PathBuf),
 }
 
 impl Target {
-    /// Parses `unix:/path.sock`, `file:/path` or `dev:/dev/x`.
+    /// Parses `unix:/path.sock`, `file:/path`, `dev:/dev/x` or `rbd:POOL/IMAGE`.
     pub fn parse(key: &str, s: &str) -> Result<Self, OptionError> {
-        let (kind, path) = s
-            .split_once(':')
-            .ok_or_else(|| invalid(key, s, "unix:/path.sock, file:/path or dev:/dev/name"))?;
+        let (kind, path) = s.split_once(':').ok_or_else(|| {
+            invalid(
+                key,
+                s,
+                "unix:/path.sock, file:/path, dev:/dev/name or rbd:POOL/IMAGE",
+            )
+        })?;
         if path.is_empty() {
             return Err(invalid(key, s, "a non-empty path after the ':'"));
         }
@@ -222,10 +229,11 @@ impl Target {
             "unix" => Ok(Self::Unix(path)),
             "file" => Ok(Self::File(path)),
             "dev" => Ok(Self::Dev(path)),
+            "rbd" => Ok(Self::Rbd(path)),
             _ => Err(invalid(
                 key,
                 s,
-                "unix:/path.sock, file:/path or dev:/dev/name",
+                "unix:/path.sock, file:/path, dev:/dev/name or rbd:POOL/IMAGE",
             )),
         }
     }
@@ -233,7 +241,7 @@ impl Target {
     /// The path of the socket, file or device.
     pub fn path(&self) -> &Path {
         match self {
-            Self::Unix(p) | Self::File(p) | Self::Dev(p) => p,
+            Self::Unix(p) | Self::File(p) | Self::Dev(p) | Self::Rbd(p) => p,
         }
     }
 
@@ -249,6 +257,7 @@ impl fmt::Display for Target {
             Self::Unix(p) => ("unix", p),
             Self::File(p) => ("file", p),
             Self::Dev(p) => ("dev", p),
+            Self::Rbd(p) => ("rbd", p),
         };
         write!(f, "{kind}:{}", p.display())
     }

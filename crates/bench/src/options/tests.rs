@@ -128,3 +128,15 @@ fn verify_needs_write() {
     .unwrap_err();
     assert!(e.to_string().contains("rw=write"));
 }
+
+#[test]
+fn rbd_targets_parse_and_print_back() {
+    let t = Target::parse("target", "rbd:pool/ns/img").unwrap();
+    assert_eq!(t, Target::Rbd("pool/ns/img".into()));
+    assert_eq!(t.to_string(), "rbd:pool/ns/img");
+    assert!(!t.is_vhost_user());
+    let e = Target::parse("target", "ceph:pool/img")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("rbd:POOL/IMAGE"), "{e}");
+}

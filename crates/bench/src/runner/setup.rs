@@ -3,6 +3,7 @@
 //! clone (for vhost-user: one virtqueue each).
 
 use crate::engine::blkio::{BlkioDevice, DESCRIPTORS_PER_REQUEST};
+use crate::engine::rbd::RbdDevice;
 use crate::engine::uring::NativeDevice;
 use crate::engine::Engine;
 use crate::job::Region;
@@ -28,6 +29,7 @@ pub(super) struct JobClone {
 pub(super) enum Device {
     Blkio(BlkioDevice),
     Native(NativeDevice),
+    Rbd(RbdDevice),
 }
 
 impl Device {
@@ -35,6 +37,7 @@ impl Device {
         match self {
             Device::Blkio(d) => d.capacity,
             Device::Native(d) => d.capacity,
+            Device::Rbd(d) => d.capacity,
         }
     }
 
@@ -42,6 +45,7 @@ impl Device {
         match self {
             Device::Blkio(d) => d.request_alignment,
             Device::Native(d) => d.request_alignment,
+            Device::Rbd(_) => 512,
         }
     }
 }
@@ -76,6 +80,7 @@ pub(super) fn open_devices(plan: &Plan) -> Result<Devices, RunError> {
     for (target, direct) in &keys {
         list.push(match target {
             Target::Unix(p) => Device::Blkio(BlkioDevice::connect(p, plan.connect_timeout)?),
+            Target::Rbd(p) => Device::Rbd(RbdDevice::open(&p.to_string_lossy())?),
             Target::File(p) | Target::Dev(p) => Device::Native(NativeDevice::open(
                 p,
                 matches!(target, Target::Dev(_)),
@@ -191,6 +196,7 @@ pub(super) fn start_engines(
         let (started, info) = match dev {
             Device::Blkio(d) => start_blkio(d, &jobs_here, target)?,
             Device::Native(d) => start_native(d, &jobs_here, target)?,
+            Device::Rbd(d) => start_rbd(d, &jobs_here, target)?,
         };
         for (&c, e) in mine.iter().zip(started) {
             engines[c] = Some(e);
@@ -288,6 +294,30 @@ fn start_native(
         max_queues: None,
         wait_mode: None,
         direct: Some(d.direct),
+    };
+    Ok((engines, info))
+}
+
+/// Sets up one librbd engine per clone on an RBD image.
+fn start_rbd(
+    d: RbdDevice,
+    jobs: &[&JobSpec],
+    target: String,
+) -> Result<(Vec<Box<dyn Engine>>, TargetInfo), RunError> {
+    let mut engines: Vec<Box<dyn Engine>> = Vec::with_capacity(jobs.len());
+    for j in jobs {
+        engines.push(Box::new(d.engine(j.iodepth, j.bs)?));
+    }
+    let info = TargetInfo {
+        target,
+        engine: "librbd".into(),
+        capacity: d.capacity,
+        request_alignment: 512,
+        queue_size: None,
+        num_queues: None,
+        max_queues: None,
+        wait_mode: None,
+        direct: None,
     };
     Ok((engines, info))
 }

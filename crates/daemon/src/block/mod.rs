@@ -7,6 +7,7 @@
 //! IOThreads.
 
 mod null;
+pub mod rbd;
 mod threads;
 mod transfer;
 mod uring;
@@ -17,6 +18,7 @@ use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 pub use null::NullEngine;
 pub use threads::PoolEngine;
@@ -35,6 +37,8 @@ pub enum Backend {
     IoUring,
     /// A pool of blocking worker threads per IOThread.
     Threads,
+    /// An RBD image on a Ceph cluster, through librbd's asynchronous API.
+    Rbd(rbd::ImageRef),
 }
 
 /// Errors opening or preparing a disk.
@@ -60,6 +64,9 @@ pub enum BlockError {
     /// The image is too small to hold one sector.
     #[error("image {0} is smaller than 512 bytes")]
     TooSmall(PathBuf),
+    /// An RBD image could not be opened.
+    #[error(transparent)]
+    Rbd(#[from] rbd::RbdError),
     /// Creating the sparse image failed.
     #[error("cannot create image {path}: {source}")]
     Create {
@@ -88,6 +95,8 @@ pub struct Disk {
     pub logical_block_size: u32,
     /// Export is read-only.
     pub read_only: bool,
+    /// The open RBD image (rbd backend only); `backend` refers to it.
+    pub rbd: Option<Arc<rbd::RbdImage>>,
 }
 
 impl Disk {
@@ -102,7 +111,31 @@ impl Disk {
             align: 1,
             logical_block_size: 512,
             read_only,
+            rbd: None,
         }
+    }
+
+    /// Opens the RBD image `spec` over the process's connection for `client`
+    /// (a snapshot is exported read-only). Its size is the image's.
+    pub fn open_rbd(
+        spec: &rbd::RbdSpec,
+        client: &rbd::ClientConfig,
+        read_only: bool,
+    ) -> Result<Disk, BlockError> {
+        let image = rbd::RbdImage::open(spec, client, read_only)?;
+        if image.size < 512 {
+            return Err(BlockError::TooSmall(PathBuf::from(spec.to_string())));
+        }
+        Ok(Disk {
+            file: None,
+            backend: Backend::Rbd(image.handle()),
+            size: image.size / 512 * 512,
+            direct: false,
+            align: 1,
+            logical_block_size: 512,
+            read_only: image.read_only,
+            rbd: Some(Arc::new(image)),
+        })
     }
 
     /// Opens (or, with `create`, creates) a raw image or block device, with
@@ -168,6 +201,7 @@ impl Disk {
             align: if direct { lbs as usize } else { 1 },
             logical_block_size: lbs,
             read_only,
+            rbd: None,
         })
     }
 
@@ -178,6 +212,13 @@ impl Disk {
 
     /// Makes all completed writes durable (used at shutdown).
     pub fn sync(&self) -> io::Result<()> {
+        if let Some(image) = &self.rbd {
+            return if self.read_only {
+                Ok(())
+            } else {
+                image.flush()
+            };
+        }
         match &self.file {
             Some(f) if !self.read_only => f.sync_data(),
             _ => Ok(()),
@@ -339,6 +380,8 @@ pub struct Engines {
     uring: Option<UringEngine>,
     /// The IOThread's blocking worker pool.
     pool: Option<PoolEngine>,
+    /// RBD engines, by image.
+    rbds: Vec<(rbd::ImageRef, rbd::RbdEngine)>,
     /// Completion eventfds of engines created since the last
     /// [`Engines::take_new_notify_fds`].
     new_fds: Vec<RawFd>,
@@ -378,6 +421,18 @@ impl Engines {
                     u.insert(e)
                 }
             },
+            Backend::Rbd(image) => {
+                let i = match self.rbds.iter().position(|(r, _)| *r == image) {
+                    Some(i) => i,
+                    None => {
+                        let e = rbd::RbdEngine::new(image)?;
+                        self.new_fds.extend(e.notify_fd());
+                        self.rbds.push((image, e));
+                        self.rbds.len() - 1
+                    }
+                };
+                &mut self.rbds[i].1
+            }
             Backend::Threads => match &mut self.pool {
                 Some(p) => p,
                 p @ None => {
@@ -406,6 +461,9 @@ impl Engines {
         if let Some(p) = &mut self.pool {
             p.commit()?;
         }
+        for (_, r) in &mut self.rbds {
+            r.commit()?;
+        }
         Ok(())
     }
 
@@ -414,6 +472,7 @@ impl Engines {
         self.nulls.iter_mut().any(|(_, n)| n.has_completions())
             || self.uring.as_mut().is_some_and(|u| u.has_completions())
             || self.pool.as_mut().is_some_and(|p| p.has_completions())
+            || self.rbds.iter_mut().any(|(_, r)| r.has_completions())
     }
 
     /// Reaps every engine.
@@ -426,6 +485,9 @@ impl Engines {
         }
         if let Some(p) = &mut self.pool {
             p.reap(out);
+        }
+        for (_, r) in &mut self.rbds {
+            r.reap(out);
         }
     }
 }

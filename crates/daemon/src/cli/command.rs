@@ -85,6 +85,12 @@ pub struct ServeCommand {
     pub control: Option<PathBuf>,
     /// `--metrics ADDR:PORT`: serve Prometheus metrics there (a bare port: loopback).
     pub metrics: Option<String>,
+    /// `--ceph-conf PATH`: the rbd backend's ceph.conf.
+    pub ceph_conf: Option<PathBuf>,
+    /// `--ceph-id NAME`: the rbd backend's cephx user.
+    pub ceph_id: Option<String>,
+    /// `--ceph-op-timeout SECONDS`: the rbd backend's request timeout.
+    pub ceph_op_timeout: Option<u64>,
 }
 
 /// The name clap gives a `ValueEnum` value on the command line.
@@ -133,6 +139,15 @@ impl ServeCommand {
         }
         if let Some(n) = self.create {
             flag("--create", text(&n));
+        }
+        if let Some(p) = &self.ceph_conf {
+            flag("--ceph-conf", path(p));
+        }
+        if let Some(n) = &self.ceph_id {
+            flag("--ceph-id", n.into());
+        }
+        if let Some(n) = self.ceph_op_timeout {
+            flag("--ceph-op-timeout", text(&n));
         }
         if let Some(c) = &self.cache {
             flag("--cache", value_name(c));

@@ -401,6 +401,7 @@ fn backend_name(b: BackendKind) -> &'static str {
         BackendKind::IoUring => "io_uring",
         BackendKind::Threads => "threads",
         BackendKind::Null => "null",
+        BackendKind::Rbd => "rbd",
     }
 }
 

@@ -40,6 +40,13 @@ pub enum Target {
         /// Capacity.
         bytes: u64,
     },
+    /// An RBD image on a Ceph cluster (`$CEPH_CONF` says which).
+    Rbd {
+        /// `POOL/[NAMESPACE/]IMAGE`.
+        spec: String,
+        /// Capacity.
+        bytes: u64,
+    },
 }
 
 impl Target {
@@ -49,6 +56,7 @@ impl Target {
             Target::Null { .. } => ("null", None),
             Target::Image { path, .. } => ("image", Some(path.clone())),
             Target::Device { path, .. } => ("device", Some(path.clone())),
+            Target::Rbd { spec, .. } => ("rbd", Some(PathBuf::from(format!("rbd:{spec}")))),
         };
         Storage {
             kind: kind.into(),
@@ -60,9 +68,10 @@ impl Target {
     /// Capacity in bytes.
     pub fn bytes(&self) -> u64 {
         match self {
-            Target::Null { bytes } | Target::Image { bytes, .. } | Target::Device { bytes, .. } => {
-                *bytes
-            }
+            Target::Null { bytes }
+            | Target::Image { bytes, .. }
+            | Target::Device { bytes, .. }
+            | Target::Rbd { bytes, .. } => *bytes,
         }
     }
 }
@@ -138,8 +147,36 @@ fn matrix_of(args: &SweepArgs) -> anyhow::Result<Matrix> {
     Ok(matrix)
 }
 
+/// `--image rbd:POOL/IMAGE`: an existing RBD image, its size asked of the
+/// cluster (`$CEPH_CONF`) through the daemon's librbd loader.
+fn rbd_target(image: &str, create: Option<&str>) -> anyhow::Result<Target> {
+    use vqblk_daemon::block::rbd::{ClientConfig, RbdImage, RbdSpec, DEFAULT_OP_TIMEOUT_S};
+    if create.is_some() {
+        bail!("--create: not for RBD images (make one with `rbd create --size SIZE POOL/IMAGE`)");
+    }
+    let spec = RbdSpec::parse(image).map_err(|m| anyhow::anyhow!("--image: {m}"))?;
+    let client = ClientConfig {
+        conf: None,
+        id: None,
+        op_timeout_s: DEFAULT_OP_TIMEOUT_S,
+        rbd_cache: false,
+    };
+    let img = RbdImage::open(&spec, &client, true).map_err(|e| anyhow::anyhow!("--image: {e}"))?;
+    if spec.snap.is_some() {
+        bail!("--image {spec}: a snapshot is read-only; the sweep needs the image itself");
+    }
+    let rest = spec.to_string();
+    Ok(Target::Rbd {
+        spec: rest.trim_start_matches("rbd:").to_string(),
+        bytes: img.size,
+    })
+}
+
 /// `--image PATH` (created with `--create SIZE` if missing).
 fn image_target(path: &Path, create: Option<&str>) -> anyhow::Result<Target> {
+    if vqblk_daemon::block::rbd::is_rbd_image(path) {
+        return rbd_target(&path.to_string_lossy(), create);
+    }
     if !path.exists() {
         let Some(sz) = create else {
             bail!(
@@ -161,6 +198,25 @@ fn image_target(path: &Path, create: Option<&str>) -> anyhow::Result<Target> {
         path: path.canonicalize()?,
         bytes: meta.len(),
     })
+}
+
+/// qemu-storage-daemon's `--blockdev` for an RBD image: its own rbd driver,
+/// librbd's cache off (cache.direct=on, like vqblk's cache=none), the
+/// configuration of `$CEPH_CONF` when set.
+pub(crate) fn qsd_rbd_blockdev(spec: &str) -> String {
+    let (pool, rest) = spec.split_once('/').unwrap_or((spec, ""));
+    let (ns, image) = match rest.split_once('/') {
+        Some((ns, image)) => (Some(ns), image),
+        None => (None, rest),
+    };
+    let mut s = format!("driver=rbd,node-name=d,pool={pool},image={image},cache.direct=on");
+    if let Some(ns) = ns {
+        s += &format!(",namespace={ns}");
+    }
+    if let Some(conf) = std::env::var_os("CEPH_CONF") {
+        s += &format!(",conf={}", conf.to_string_lossy());
+    }
+    s
 }
 
 /// `--device PATH`: write cells need `--force`.
@@ -304,6 +360,11 @@ impl Plan {
                 cmd.image = Some(path.clone());
                 cmd.cache = Some(CacheMode::None);
             }
+            Target::Rbd { spec, .. } => {
+                cmd.backend = Some(BackendKind::Rbd);
+                cmd.image = Some(PathBuf::from(format!("rbd:{spec}")));
+                cmd.cache = Some(CacheMode::None);
+            }
         }
         Some(cmd)
     }
@@ -323,6 +384,7 @@ impl Plan {
                 "driver=host_device,node-name=d,filename={},cache.direct=on,aio=io_uring",
                 path.display()
             ),
+            Target::Rbd { spec, .. } => qsd_rbd_blockdev(spec),
         };
         let export = format!(
             "type=vhost-user-blk,id=e,node-name=d,addr.type=unix,addr.path={},writable=on,num-queues={},iothread=iot0",
@@ -358,6 +420,7 @@ impl Plan {
         let target = match (setup, &self.target) {
             (Setup::Native, Target::Image { path, .. }) => format!("file:{}", path.display()),
             (Setup::Native, Target::Device { path, .. }) => format!("dev:{}", path.display()),
+            (Setup::Native, Target::Rbd { spec, .. }) => format!("rbd:{spec}"),
             _ => format!("unix:{}", self.socket().display()),
         };
         let mut v: Vec<String> = vec![

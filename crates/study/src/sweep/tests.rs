@@ -225,3 +225,17 @@ fn time_formats() {
     assert_eq!(hms(Duration::from_secs(245)), "4m05s");
     assert_eq!(hms(Duration::from_secs(3723)), "1h02m03s");
 }
+
+#[test]
+fn qsd_reads_rbd_images_with_its_own_driver() {
+    let b = plan::qsd_rbd_blockdev("pool/ns/img");
+    assert!(
+        b.starts_with("driver=rbd,node-name=d,pool=pool,image=img,cache.direct=on,namespace=ns"),
+        "{b}"
+    );
+    let b = plan::qsd_rbd_blockdev("rbd/img");
+    assert!(
+        b.starts_with("driver=rbd,node-name=d,pool=rbd,image=img,cache.direct=on"),
+        "{b}"
+    );
+}

@@ -56,6 +56,9 @@ fn back(a: ServeArgs) -> ServeCommand {
         takeover,
         control,
         metrics,
+        ceph_conf,
+        ceph_id,
+        ceph_op_timeout,
     } = a;
     let bytes = |s: Option<String>| s.map(|s| crate::size::parse_size(&s).unwrap());
     ServeCommand {
@@ -97,6 +100,9 @@ fn back(a: ServeArgs) -> ServeCommand {
         takeover,
         control,
         metrics,
+        ceph_conf,
+        ceph_id,
+        ceph_op_timeout,
     }
 }
 
@@ -154,6 +160,9 @@ fn full() -> ServeCommand {
         takeover: true,
         control: Some("/run/vqblk/control.sock".into()),
         metrics: Some("127.0.0.1:9100".into()),
+        ceph_conf: Some("/etc/ceph/other.conf".into()),
+        ceph_id: Some("vqblk".into()),
+        ceph_op_timeout: Some(7),
     }
 }
 
