@@ -11,6 +11,7 @@ pub mod block;
 pub mod cli;
 pub mod config;
 pub mod daemon;
+pub mod dirty_log;
 pub mod inflight;
 pub mod iothread;
 pub mod logging;
