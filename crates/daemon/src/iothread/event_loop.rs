@@ -482,6 +482,7 @@ impl IoThread {
                         q.call = call;
                     }
                 }
+                Command::SetLog { key, log } => self.queues.set_log(key, log),
                 Command::Stop => {
                     self.stopping = true;
                     // Stop accepting guest work: detach-style drain of every queue.

@@ -15,7 +15,7 @@ use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestAddressSpace};
 
 use super::executor::{Executor, Finished, SlotId};
-use super::{BlockDevice, GuestMem, GuestMemHandle, QueueAttach, QueueKey};
+use super::{BlockDevice, GuestMem, GuestMemHandle, QueueAttach, QueueKey, QueueLog};
 use crate::inflight::InflightQueue;
 use crate::stats::{IoThreadStats, QueueCounters};
 use crate::virtio::request::{self, ReqKind};
@@ -66,6 +66,8 @@ pub(super) struct QueueSlot {
     record: Option<InflightQueue>,
     /// Heads a dead daemon left in flight, executed before anything new.
     resubmit: VecDeque<u16>,
+    /// The migration dirty log while it is on (vhost-user VHOST_F_LOG_ALL).
+    log: Option<QueueLog>,
 }
 
 impl QueueSlot {
@@ -91,6 +93,21 @@ impl QueueSlot {
             notify: true,
             record,
             resubmit: resubmit.into(),
+            log: a.log,
+        }
+    }
+
+    /// Switches dirty logging on (Some) or off (None).
+    pub fn set_log(&mut self, log: Option<QueueLog>) {
+        self.log = log;
+    }
+
+    /// Marks the used ring dirty after the daemon wrote into it, while a
+    /// migration logs (one predictable branch otherwise).
+    #[inline]
+    fn log_used(&self) {
+        if let Some(log) = &self.log {
+            log.mark_used(self.queue.size());
         }
     }
 
@@ -116,6 +133,7 @@ impl QueueSlot {
         if self.notify {
             self.queue.disable_notification(mem)?;
             self.notify = false;
+            self.log_used();
         }
         Ok(())
     }
@@ -128,6 +146,7 @@ impl QueueSlot {
         }
         let more = self.queue.enable_notification(mem)?;
         self.notify = true;
+        self.log_used();
         Ok(more)
     }
 
@@ -307,6 +326,7 @@ impl QueueSlot {
             ticket,
             result,
             mem,
+            written,
         } = f;
         let kind = ticket.kind;
         let (st, bytes) = match &result {
@@ -327,6 +347,11 @@ impl QueueSlot {
             Some(a) if mem.write_obj(st, a).is_ok() => data_len + 1,
             _ => 0,
         };
+        // Migration: the pages written are marked before the used index
+        // publishes them (vhost-user "Dirty logging").
+        if let Some(log) = &self.log {
+            log.mark_request(&written, ticket.status);
+        }
         let c = &self.counters;
         match kind {
             Some(ReqKind::Read) => {
@@ -359,6 +384,7 @@ impl QueueSlot {
         }
         match self.queue.add_used(&*mem, ticket.head, used_len) {
             Ok(()) => {
+                self.log_used();
                 stats.used_publishes.add(1);
                 if let Some(record) = &mut self.record {
                     record.commit_used(self.queue.next_used());
@@ -430,6 +456,14 @@ impl Queues {
     /// The slot `id`, if it serves a queue.
     pub fn get_mut(&mut self, id: SlotId) -> Option<&mut QueueSlot> {
         self.slots.get_mut(id.0).and_then(Option::as_mut)
+    }
+
+    /// Switches dirty logging of every slot serving `key` (a draining one
+    /// too: its last requests are logged).
+    pub fn set_log(&mut self, key: QueueKey, log: Option<QueueLog>) {
+        for q in self.slots.iter_mut().flatten().filter(|q| q.key == key) {
+            q.set_log(log.clone());
+        }
     }
 
     /// Number of slots (served or free); slot ids are below it.
