@@ -37,7 +37,13 @@ pub const NO_DIRTY_LOG_ENV: &str = "VQBLK_TEST_NO_DIRTY_LOG";
 
 fn marking_disabled_for_tests() -> bool {
     static DISABLED: OnceLock<bool> = OnceLock::new();
-    *DISABLED.get_or_init(|| std::env::var_os(NO_DIRTY_LOG_ENV).is_some_and(|v| v == "1"))
+    *DISABLED.get_or_init(|| {
+        let off = std::env::var_os(NO_DIRTY_LOG_ENV).is_some_and(|v| v == "1");
+        if off {
+            error!("{NO_DIRTY_LOG_ENV}=1: dirty logging marks nothing (test only: migrations will corrupt guests)");
+        }
+        off
+    })
 }
 
 /// Why a `SET_LOG_BASE` was refused.
