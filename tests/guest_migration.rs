@@ -610,11 +610,11 @@ fn guest_migrates_with_io_running() {
 }
 
 #[test]
-fn guest_migrates_with_io_running_two_iothreads_threads_backend() {
+fn guest_migrates_with_io_running_two_queues_two_iothreads() {
     migrate_with_io(
-        "threads-2iot",
+        "uring-2iot",
         Setup {
-            backend: "threads",
+            backend: "io_uring",
             iothreads: 2,
             queues: 2,
             smp: 2,
