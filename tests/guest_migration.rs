@@ -622,3 +622,130 @@ fn guest_migrates_with_io_running_two_queues_two_iothreads() {
         },
     );
 }
+
+// ------------------------------------------------------------------ the protocol, without QEMU
+
+#[path = "common/frontend.rs"]
+mod frontend;
+
+/// VHOST_USER_PROTOCOL_F_LOG_SHMFD.
+const PF_LOG_SHMFD: u64 = 1 << 1;
+/// VHOST_F_LOG_ALL.
+const F_LOG_ALL: u64 = 1 << 26;
+const SET_LOG_BASE: u32 = 6;
+
+/// A raw frontend with the dirty-log protocol feature, memory and vring 0.
+fn logging_frontend(sock: &Path) -> frontend::Frontend {
+    let mut f = frontend::Frontend::connect_when_listening(sock);
+    let pf = f.negotiate_with(PF_LOG_SHMFD);
+    assert!(pf & PF_LOG_SHMFD != 0, "LOG_SHMFD not offered");
+    assert!(f.features & F_LOG_ALL != 0, "VHOST_F_LOG_ALL not offered");
+    assert!(f.set_mem_table(&[f.whole_region()]).ok(), "SET_MEM_TABLE");
+    assert!(f.setup_ring(0).ok(), "ring setup");
+    f
+}
+
+/// SET_LOG_BASE with `file`: the daemon's answer (a 16-byte reply on success).
+fn set_log_base(
+    f: &mut frontend::Frontend,
+    file: &fs::File,
+    size: u64,
+    offset: u64,
+) -> frontend::Reply {
+    use std::os::fd::AsRawFd;
+    let mut p = size.to_le_bytes().to_vec();
+    p.extend_from_slice(&offset.to_le_bytes());
+    f.call_ack(SET_LOG_BASE, &p, &[file.as_raw_fd()])
+}
+
+/// The pages marked in the log file's first `bytes` bytes.
+fn marked(file: &fs::File, bytes: usize) -> Vec<u64> {
+    let mut buf = vec![0u8; bytes];
+    file.read_exact_at(&mut buf, 0).unwrap();
+    (0..bytes as u64 * 8)
+        .filter(|p| buf[(p / 8) as usize] & (1 << (p % 8)) != 0)
+        .collect()
+}
+
+/// A raw frontend, as QEMU does when a migration starts: SET_LOG_BASE, LOG_ALL
+/// acked, SET_VRING_ADDR with VHOST_VRING_F_LOG on the running ring. A read
+/// then marks exactly its data page, its status page and the used ring's page;
+/// with LOG_ALL dropped nothing is marked. Short logs and windows beyond the
+/// file are refused (the connection closes) and the daemon lives on.
+#[test]
+fn dirty_log_over_the_protocol() {
+    use frontend::{req, Reply, DATA, MEM_SIZE, STATUS, T_IN, USED};
+    let dir = common::scratch("mig-protocol");
+    let sock = dir.join("d.sock");
+    let log = fs::File::create(dir.join("daemon.log")).unwrap();
+    let mut daemon = Command::new(env!("CARGO_BIN_EXE_vqblk"))
+        .arg("serve")
+        .arg("--image")
+        .arg(dir.join("disk.raw"))
+        .args(["--create", "16M", "--iothreads", "1"])
+        .arg("--socket")
+        .arg(&sock)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let daemon_log = || fs::read_to_string(dir.join("daemon.log")).unwrap_or_default();
+    let needed = (MEM_SIZE / 4096 / 8) as usize;
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(dir.join("log"))
+        .unwrap();
+    file.set_len(4096).unwrap();
+
+    let mut f = logging_frontend(&sock);
+    match set_log_base(&mut f, &file, needed as u64, 0) {
+        Reply::Data(p) if p.len() == 16 => {}
+        r => panic!("SET_LOG_BASE: {r:?}\n{}", daemon_log()),
+    }
+    // The used ring's log address (guest-physical), as QEMU sends it.
+    let u = f.mem.user_addr();
+    let mut addr = 0u32.to_le_bytes().to_vec();
+    addr.extend_from_slice(&1u32.to_le_bytes()); // VHOST_VRING_F_LOG
+    for v in [u + frontend::DESC, u + USED, u + frontend::AVAIL, USED] {
+        addr.extend_from_slice(&v.to_le_bytes());
+    }
+    assert!(f.call_ack(req::SET_VRING_ADDR, &addr, &[]).ok());
+    assert_eq!(f.request(T_IN, 0, 4096), Some(frontend::S_OK));
+    let want = vec![USED / 4096, STATUS / 4096, DATA / 4096];
+    assert_eq!(marked(&file, needed), want, "{}", daemon_log());
+
+    // Migration over: LOG_ALL dropped, nothing more is marked.
+    file.write_all_at(&vec![0u8; needed], 0).unwrap();
+    let features = f.features & !F_LOG_ALL;
+    assert!(f
+        .call_ack(req::SET_FEATURES, &frontend::u64_payload(features), &[])
+        .ok());
+    assert_eq!(f.request(T_IN, 8, 4096), Some(frontend::S_OK));
+    assert_eq!(marked(&file, needed), Vec::<u64>::new());
+    drop(f);
+
+    // Refused: too short for 1 MiB of guest memory, beyond the file, unaligned.
+    for (size, offset) in [
+        (needed as u64 - 1, 0),
+        (needed as u64, 8192),
+        (needed as u64, 100),
+    ] {
+        let mut f = logging_frontend(&sock);
+        let r = set_log_base(&mut f, &file, size, offset);
+        assert!(r.refused(), "size {size} offset {offset}: {r:?}");
+        assert!(
+            matches!(daemon.try_wait(), Ok(None)),
+            "daemon died: {}",
+            daemon_log()
+        );
+    }
+    let mut f = logging_frontend(&sock);
+    f.check_io(16, 7, "after the refused logs");
+    assert!(daemon_log().contains("SET_LOG_BASE refused"));
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+    let _ = fs::remove_dir_all(&dir);
+}
