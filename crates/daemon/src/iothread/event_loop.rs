@@ -482,7 +482,10 @@ impl IoThread {
                         q.call = call;
                     }
                 }
-                Command::SetLog { key, log } => self.queues.set_log(key, log),
+                Command::SetLog { key, log, applied } => {
+                    self.queues.set_log(key, log);
+                    let _ = applied.send(());
+                }
                 Command::Stop => {
                     self.stopping = true;
                     // Stop accepting guest work: detach-style drain of every queue.

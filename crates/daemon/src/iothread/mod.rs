@@ -199,6 +199,9 @@ pub enum Command {
         key: QueueKey,
         /// The log, or None to stop logging.
         log: Option<QueueLog>,
+        /// Told once the switch applies: every completion after it marks (the
+        /// transport answers the frontend only then).
+        applied: SyncSender<()>,
     },
     /// Drain everything and exit the thread.
     Stop,

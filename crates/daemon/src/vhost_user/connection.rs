@@ -116,16 +116,32 @@ impl Connection {
     }
 
     /// Tells the IOThreads of every running ring whether to log (and where),
-    /// without stopping the rings; channel order puts the switch before any
-    /// later Detach.
+    /// without stopping the rings, and waits until they apply it: the frontend
+    /// hears back only then, so no completion after its message goes unmarked.
     fn push_log(&self) {
-        for (i, v) in self.vrings.iter().enumerate() {
-            if v.started {
-                let index = i as u16;
-                self.iothread(index).send(Command::SetLog {
-                    key: self.key(index),
-                    log: self.queue_log(index),
-                });
+        let indexes: Vec<u16> = (0..self.vrings.len() as u16)
+            .filter(|&i| self.vrings[i as usize].started)
+            .collect();
+        self.push_log_to(&indexes);
+    }
+
+    fn push_log_to(&self, indexes: &[u16]) {
+        let (tx, rx) = sync_channel(indexes.len());
+        for &index in indexes {
+            self.iothread(index).send(Command::SetLog {
+                key: self.key(index),
+                log: self.queue_log(index),
+                applied: tx.clone(),
+            });
+        }
+        drop(tx);
+        for _ in indexes {
+            if rx.recv_timeout(DRAIN_TIMEOUT).is_err() {
+                warn!(
+                    "{}: an IOThread did not switch dirty logging in time",
+                    self.export.device.name
+                );
+                return;
             }
         }
     }
@@ -515,11 +531,7 @@ impl VhostUserBackendReqHandlerMut for Connection {
         let relog = v.started && v.log_used != log_used;
         (v.desc, v.used, v.avail, v.addr_set, v.log_used) = (d, u, a, true, log_used);
         if relog {
-            let i = index as u16;
-            self.iothread(i).send(Command::SetLog {
-                key: self.key(i),
-                log: self.queue_log(i),
-            });
+            self.push_log_to(&[index as u16]);
         }
         Ok(())
     }
