@@ -678,7 +678,7 @@ fn dirty_log_over_the_protocol() {
     let dir = common::scratch("mig-protocol");
     let sock = dir.join("d.sock");
     let log = fs::File::create(dir.join("daemon.log")).unwrap();
-    let mut daemon = Command::new(env!("CARGO_BIN_EXE_vqblk"))
+    let child = Command::new(env!("CARGO_BIN_EXE_vqblk"))
         .arg("serve")
         .arg("--image")
         .arg(dir.join("disk.raw"))
@@ -689,6 +689,11 @@ fn dirty_log_over_the_protocol() {
         .stderr(log)
         .spawn()
         .unwrap();
+    // Killed when dropped, also when an assertion fails.
+    let mut daemon = Proc {
+        child,
+        tag: "vqblk".into(),
+    };
     let daemon_log = || fs::read_to_string(dir.join("daemon.log")).unwrap_or_default();
     let needed = (MEM_SIZE / 4096 / 8) as usize;
     let file = fs::OpenOptions::new()
@@ -736,16 +741,11 @@ fn dirty_log_over_the_protocol() {
         let mut f = logging_frontend(&sock);
         let r = set_log_base(&mut f, &file, size, offset);
         assert!(r.refused(), "size {size} offset {offset}: {r:?}");
-        assert!(
-            matches!(daemon.try_wait(), Ok(None)),
-            "daemon died: {}",
-            daemon_log()
-        );
+        assert!(daemon.alive(), "daemon died: {}", daemon_log());
     }
     let mut f = logging_frontend(&sock);
     f.check_io(16, 7, "after the refused logs");
     assert!(daemon_log().contains("SET_LOG_BASE refused"));
-    let _ = daemon.kill();
-    let _ = daemon.wait();
+    drop(daemon);
     let _ = fs::remove_dir_all(&dir);
 }
