@@ -40,6 +40,19 @@
 #                          re-reads the writer regions (as read-verify) and reports
 #                          {"boot":2,"rebooted":true,...}.  A boot-1 failure is
 #                          reported at once with "boot":1.
+#   vqblk.mode=migrate     live-migration load (tests/guest_migration.rs): each
+#                          writer writes sequence-numbered 4 KiB blocks over its
+#                          vqblk.blocks blocks (as seqwrite), reads each back and
+#                          compares, with O_DIRECT, until the host writes the stop
+#                          marker "VQBLK-STOP" into the device's last 4 KiB or
+#                          vqblk.seconds pass; a progress line every 8 writes
+#   vqblk.read_mib=M       migrate mode: also a reader reads the M MiB at
+#   vqblk.read_off_mib=O   offset O MiB over and over with O_DIRECT (dd | awk) and
+#                          checks that every sector holds "VQBLK-RD k=K s=S|" (the
+#                          host wrote them): data the device wrote into dd's buffer
+#                          and that reached a migration's destination stale fails
+#   vqblk.compare=0        migrate mode: do not compare what is read back (null
+#                          backend: reads return zeroes)
 #   vqblk.debug=1          set -x
 #
 # The pattern (scripts/check-image.py recomputes it on the host): every 512-byte
@@ -80,6 +93,9 @@ P_DEBUG=0
 P_REBOOT=0
 P_SECONDS=30
 P_BLOCKS=64
+P_COMPARE=1
+P_READ_MIB=0
+P_READ_OFF_MIB=16
 
 # shellcheck disable=SC2013  # word splitting of the cmdline is what we want
 for arg in $(cat /proc/cmdline); do
@@ -102,6 +118,9 @@ for arg in $(cat /proc/cmdline); do
         vqblk.reboot=*)             P_REBOOT=${arg#*=} ;;
         vqblk.seconds=*)            P_SECONDS=${arg#*=} ;;
         vqblk.blocks=*)             P_BLOCKS=${arg#*=} ;;
+        vqblk.compare=*)            P_COMPARE=${arg#*=} ;;
+        vqblk.read_mib=*)           P_READ_MIB=${arg#*=} ;;
+        vqblk.read_off_mib=*)       P_READ_OFF_MIB=${arg#*=} ;;
     esac
 done
 [ "$P_DEBUG" = 1 ] && set -x
@@ -390,6 +409,94 @@ seqwrite)
     fact_raw seq "[$SJSON]"
     fact_num blocks "$P_BLOCKS"
     log "seqwrite: finished at $(uptime_s)s"
+    ;;
+migrate)
+    [ "$RO" = 0 ] || fail "mode migrate but $SYS/ro is $RO"
+    STOP_BLK=$(( SIZE / 8 - 1 ))
+    log "migrate: $P_WRITERS writers x $P_BLOCKS blocks until the stop marker or ${P_SECONDS}s, $DIRECT_OUT"
+    w=0
+    while [ "$w" -lt "$P_WRITERS" ]; do
+        (
+            s=0; rc=0; stopped=0; end=$(( $(cs) + P_SECONDS * 100 ))
+            dd if=/dev/zero of=/tmp/exp.$w bs=4096 count="$P_BLOCKS" 2>/dev/null
+            while [ "$(cs)" -lt "$end" ]; do
+                b=$(( s % P_BLOCKS )); blk=$(( w * P_BLOCKS + b ))
+                gen_seq_block "$w" "$s" "$b" /tmp/blk.$w
+                # shellcheck disable=SC2086
+                dd if=/tmp/blk.$w of="$DEV" bs=4096 count=1 seek=$blk $DIRECT_OUT 2>/tmp/dd.$w || { rc=1; break; }
+                # shellcheck disable=SC2086
+                dd if="$DEV" of=/tmp/rd.$w bs=4096 count=1 skip=$blk $DIRECT_IN 2>/tmp/dd.$w || { rc=2; break; }
+                if [ "$P_COMPARE" = 1 ] && ! cmp -s /tmp/blk.$w /tmp/rd.$w; then
+                    head -c 60 /tmp/rd.$w > /tmp/dd.$w; rc=3; break
+                fi
+                # What all the writer's blocks must hold now; then read them
+                # buffered: mostly page-cache hits on pages the device filled
+                # earlier (a page the daemon writes and does not log reaches a
+                # migration's destination stale, and only such a re-read sees it).
+                dd if=/tmp/blk.$w of=/tmp/exp.$w bs=4096 seek=$b conv=notrunc 2>/dev/null
+                if [ "$P_COMPARE" = 1 ]; then
+                    dd if="$DEV" of=/tmp/all.$w bs=4096 count="$P_BLOCKS" skip=$(( w * P_BLOCKS )) 2>/dev/null
+                    if ! cmp /tmp/exp.$w /tmp/all.$w > /tmp/dd.$w 2>&1; then rc=4; break; fi
+                fi
+                s=$(( s + 1 ))
+                [ $(( s % 8 )) = 0 ] && log "migrate: w=$w s=$s at $(uptime_s)s"
+                # shellcheck disable=SC2086
+                stop=$(dd if="$DEV" bs=4096 count=1 skip=$STOP_BLK $DIRECT_IN 2>/dev/null | head -c 10)
+                if [ "$stop" = VQBLK-STOP ]; then stopped=1; : > /tmp/stop; break; fi
+            done
+            echo "$rc $s $stopped" > /tmp/rc.$w.tmp && mv /tmp/rc.$w.tmp /tmp/rc.$w
+        ) &
+        w=$((w + 1))
+    done
+    if [ "$P_READ_MIB" -gt 0 ]; then
+        (
+            # dd reads with O_DIRECT into its buffer and blocks writing it to the
+            # pipe while awk, slower, checks every sector: dd's buffer holds data
+            # the device wrote and no CPU touched, for as long as awk lags.
+            n=$(( P_READ_MIB * 16 )); passes=0; rc=0
+            end=$(( $(cs) + P_SECONDS * 100 ))
+            while [ ! -f /tmp/stop ] && [ "$(cs)" -lt "$end" ]; do
+                # shellcheck disable=SC2086
+                dd if="$DEV" bs=65536 skip=$(( P_READ_OFF_MIB * 16 )) count=$n $DIRECT_IN 2>/dev/null |
+                    awk '{
+                        k = int((NR - 1) / 128); s = (NR - 1) % 128
+                        want = "VQBLK-RD k=" k " s=" s "|"
+                        if (substr($0, 1, length(want)) != want) {
+                            print "sector " s " of chunk " k " holds: " substr($0, 1, 40) > "/tmp/rbad"
+                            exit 1
+                        }
+                        if (s == 127 && system("test -f /tmp/stop") == 0) exit 0
+                    }' || { rc=1; break; }
+                passes=$(( passes + 1 ))
+            done
+            echo "$rc $passes" > /tmp/rrc.tmp && mv /tmp/rrc.tmp /tmp/rrc
+        ) &
+    fi
+    w=0
+    SJSON=
+    while [ "$w" -lt "$P_WRITERS" ]; do
+        while [ ! -f /tmp/rc.$w ]; do sleep 0.2; done
+        read -r rc n stopped < /tmp/rc.$w
+        case "$rc" in
+            0) ;;
+            1) fail "writer $w: write $n failed: $(tr '\n' ' ' < /tmp/dd.$w)" ;;
+            2) fail "writer $w: read-back of write $n failed: $(tr '\n' ' ' < /tmp/dd.$w)" ;;
+            3) fail "writer $w: write $n reads back other data: $(tr -d '\n' < /tmp/dd.$w)" ;;
+            *) fail "writer $w: after write $n, a buffered read of its blocks differs: $(tr '\n' ' ' < /tmp/dd.$w)" ;;
+        esac
+        SJSON="$SJSON${SJSON:+,}{\"writer\":$w,\"writes\":$n,\"stopped\":$stopped}"
+        w=$((w + 1))
+    done
+    fact_raw seq "[$SJSON]"
+    fact_num blocks "$P_BLOCKS"
+    if [ "$P_READ_MIB" -gt 0 ]; then
+        : > /tmp/stop
+        while [ ! -f /tmp/rrc ]; do sleep 0.2; done
+        read -r rrc passes < /tmp/rrc
+        [ "$rrc" = 0 ] || fail "reader: O_DIRECT data differs from the disk (stale guest memory): $(cat /tmp/rbad)"
+        fact_raw reader "{\"ok\":$([ "$rrc" = 0 ] && echo true || echo false),\"passes\":$passes}"
+    fi
+    log "migrate: finished at $(uptime_s)s"
     ;;
 rw)
     [ "$RO" = 0 ] || fail "mode rw but $SYS/ro is $RO"

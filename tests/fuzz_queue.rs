@@ -280,6 +280,7 @@ fn run_case(e: &mut Engine, c: &QueueCase) -> Outcome {
         mem: GuestMemoryAtomic::new(g.mem.clone()),
         device,
         inflight: None,
+        log: None,
     })));
     let (tx, rx) = sync_channel(1);
     e.iot.send(Command::Detach { key, reply: tx });

@@ -13,6 +13,7 @@ pub mod cli;
 pub mod config;
 pub mod control;
 pub mod daemon;
+pub mod dirty_log;
 pub mod inflight;
 pub mod iothread;
 pub mod logging;

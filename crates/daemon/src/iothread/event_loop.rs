@@ -503,6 +503,10 @@ impl IoThread {
                     }
                     debug!("{}: polling now {mode:?} {params:?}", self.name);
                 }
+                Command::SetLog { key, log, applied } => {
+                    self.queues.set_log(key, log);
+                    let _ = applied.send(());
+                }
                 Command::Stop => {
                     self.stopping = true;
                     // Stop accepting guest work: detach-style drain of every queue.

@@ -16,7 +16,7 @@ use super::{BlockDevice, ExecuteError, GuestMem};
 use crate::block::{Backend, Completion, Engines, IoKind, Next, Transfer};
 use crate::seccomp::SeccompMode;
 use crate::virtio::device::{self, Action, BlockIo};
-use crate::virtio::request::{Rejected, ReqKind, Request, Segment};
+use crate::virtio::request::{Operation, Rejected, ReqKind, Request, Segment};
 
 /// Largest number of host iovecs in one request (Linux IOV_MAX).
 const IOV_MAX: usize = 1024;
@@ -49,6 +49,9 @@ pub(super) struct Finished {
     pub result: Result<u64, ExecuteError>,
     /// The guest memory the request's buffers and status byte are in.
     pub mem: Arc<GuestMem>,
+    /// The guest buffers the device wrote (reads, GET_ID): what a migration's
+    /// dirty log must mark. Empty (no allocation) for other requests.
+    pub written: Vec<Segment>,
 }
 
 /// An aligned buffer for O_DIRECT when guest buffers are not aligned.
@@ -99,8 +102,11 @@ struct Inflight {
     mem: Arc<GuestMem>,
     /// The operation, its iovecs and its recovery state.
     transfer: Transfer,
-    /// Guest segments, when a bounce buffer stands in for them.
-    bounce: Option<(Bounce, Vec<Segment>)>,
+    /// The request's guest segments (for a bounce buffer's copy, and for
+    /// the dirty log: the pages a read wrote).
+    data: Vec<Segment>,
+    /// An aligned buffer standing in for `data`.
+    bounce: Option<Bounce>,
 }
 
 /// The in-flight table and the backends of one IOThread.
@@ -168,7 +174,7 @@ impl Executor {
                     status: rej.status,
                     kind: None,
                 };
-                return self.finish_now(ticket, Err(rej.error.into()), mem);
+                return self.finish_now(ticket, Err(rej.error.into()), mem, Vec::new());
             }
         };
         let ticket = Ticket {
@@ -176,6 +182,12 @@ impl Executor {
             head: req.head,
             status: Some(req.status),
             kind: Some(req.op.kind()),
+        };
+        // GET_ID writes the serial into the guest: its buffers are kept for the
+        // dirty log (GET_ID is rare: this copy costs nothing on the I/O path).
+        let id_data = match &req.op {
+            Operation::GetId { data } => data.clone(),
+            _ => Vec::new(),
         };
         let result = match device::action(req.op, &**mem, &device.serial, device.disk.read_only) {
             Ok(Action::Answered(written)) => Ok(written as u64),
@@ -194,7 +206,7 @@ impl Executor {
                 Err(e) => Err(e),
             },
         };
-        self.finish_now(ticket, result, mem);
+        self.finish_now(ticket, result, mem, id_data);
     }
 
     /// Submits waiting requests, oldest first, while their bounce buffers fit.
@@ -206,7 +218,7 @@ impl Executor {
                     self.waiting.push_front(Waiting { io, ..w });
                     return;
                 }
-                Err(e) => self.finish_now(w.ticket, Err(e), &w.mem),
+                Err(e) => self.finish_now(w.ticket, Err(e), &w.mem, Vec::new()),
             }
         }
     }
@@ -216,11 +228,13 @@ impl Executor {
         ticket: Ticket,
         result: Result<u64, ExecuteError>,
         mem: &Arc<GuestMem>,
+        written: Vec<Segment>,
     ) {
         self.ready.push(Finished {
             ticket,
             result,
             mem: mem.clone(),
+            written,
         });
     }
 
@@ -262,7 +276,7 @@ impl Executor {
                     iov_base: b.ptr.cast(),
                     iov_len: io.len as usize,
                 });
-                bounce = Some((b, io.data));
+                bounce = Some(b);
             }
         }
         let transfer = Transfer::new(io.kind, io.offset, io.len, iov)
@@ -273,13 +287,14 @@ impl Executor {
             self.inflight.len() - 1
         });
         let backend = disk.backend;
-        let bounced = bounce.as_ref().map_or(0, |(b, _)| b.held());
+        let bounced = bounce.as_ref().map_or(0, Bounce::held);
         self.inflight[token] = Some(Inflight {
             ticket,
             backend,
             fd: disk.fd(),
             mem: mem.clone(),
             transfer,
+            data: io.data,
             bounce,
         });
         self.bounce_bytes += bounced;
@@ -382,11 +397,10 @@ impl Executor {
             return;
         };
         self.free.push(token);
-        self.bounce_bytes -= inf.bounce.as_ref().map_or(0, |(b, _)| b.held());
-        if let (Ok(_), IoKind::Read, Some((b, segs))) =
-            (&result, inf.transfer.kind(), &mut inf.bounce)
-        {
-            if let Err(e) = copy_to_guest(&inf.mem, segs, b.slice()) {
+        self.bounce_bytes -= inf.bounce.as_ref().map_or(0, Bounce::held);
+        let read = inf.transfer.kind() == IoKind::Read;
+        if let (Ok(_), true, Some(b)) = (&result, read, &mut inf.bounce) {
+            if let Err(e) = copy_to_guest(&inf.mem, &inf.data, b.slice()) {
                 result = Err(ExecuteError::BounceCopy(e));
             }
         }
@@ -395,6 +409,8 @@ impl Executor {
             result,
             // Owned here (taken out of the table): no reference count to bump.
             mem: inf.mem,
+            // A read wrote its buffers (even a failed one may have, partly).
+            written: if read { inf.data } else { Vec::new() },
         });
     }
 }

@@ -34,17 +34,18 @@ use std::time::Duration;
 
 use log::{error, warn};
 use virtio_queue::Queue;
-use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+use vm_memory::{GuestAddress, GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::block::Disk;
+use crate::dirty_log::DirtyLog;
 use crate::inflight::InflightQueue;
 use crate::poll::{PollMode, PollParams};
 use crate::seccomp::{self, SeccompMode, ThreadKind};
 use crate::stats::IoThreadStats;
 use crate::virtio::device::serial_bytes;
-use crate::virtio::request::Limits;
+use crate::virtio::request::{Limits, Segment};
 use crate::virtio::ID_BYTES;
 
 pub use error::ExecuteError;
@@ -124,6 +125,21 @@ pub struct QueueAttach {
     /// The queue's inflight record, when the frontend shares an inflight region
     /// (vhost-user INFLIGHT_SHMFD); None: no tracking.
     pub inflight: Option<InflightTracking>,
+    /// The dirty log, when the ring starts while a migration logs (None:
+    /// logging off).
+    pub log: Option<QueueLog>,
+}
+
+/// A queue's view of the migration dirty log (vhost-user "Dirty logging"):
+/// while it is set, every guest page the queue writes is marked.
+#[derive(Debug, Clone)]
+pub struct QueueLog {
+    /// The log shared by the export's queues.
+    pub log: Arc<DirtyLog>,
+    /// Guest-physical address of the used ring to log its writes at
+    /// (SET_VRING_ADDR's `log_guest_addr`, given with VHOST_VRING_F_LOG);
+    /// None: the frontend did not ask for the used ring to be logged.
+    pub used: Option<u64>,
 }
 
 /// A queue's view of the inflight region, attached (and recovered) by the
@@ -134,6 +150,27 @@ pub struct InflightTracking {
     /// Heads to execute again before popping anything new, in their original
     /// pop order; they stay recorded in flight until completed.
     pub resubmit: Vec<u16>,
+}
+
+impl QueueLog {
+    /// Marks what finishing a request wrote: its data buffers and its status
+    /// byte.
+    pub(crate) fn mark_request(&self, written: &[Segment], status: Option<GuestAddress>) {
+        for s in written {
+            self.log.mark(s.addr.0, u64::from(s.len));
+        }
+        if let Some(a) = status {
+            self.log.mark(a.0, 1);
+        }
+    }
+
+    /// Marks the used ring of a `size`-entry queue (flags, index, entries and
+    /// avail_event: virtio spec 1.2, 2.7.8), if the frontend asked for it.
+    pub(crate) fn mark_used(&self, size: u16) {
+        if let Some(used) = self.used {
+            self.log.mark(used, 6 + 8 * u64::from(size));
+        }
+    }
 }
 
 /// Control-plane requests to an IOThread.
@@ -178,6 +215,18 @@ pub enum Command {
         mode: PollMode,
         /// The new knobs (validated by the sender).
         params: PollParams,
+    },
+    /// Switch dirty logging of a queue on (Some) or off (None), without
+    /// stopping it (a migration starts or ends). Applies to the queue also
+    /// while it drains for a Detach: what its last requests write is logged.
+    SetLog {
+        /// Which queue.
+        key: QueueKey,
+        /// The log, or None to stop logging.
+        log: Option<QueueLog>,
+        /// Told once the switch applies: every completion after it marks (the
+        /// transport answers the frontend only then).
+        applied: SyncSender<()>,
     },
     /// Drain everything and exit the thread.
     Stop,

@@ -17,7 +17,7 @@ use vm_memory::{Bytes, GuestAddress, GuestAddressSpace};
 use super::executor::{Executor, Finished, SlotId};
 use super::{
     BlockDevice, GuestMem, GuestMemHandle, HandedOver, InflightTracking, Mailbox, QueueAttach,
-    QueueKey,
+    QueueKey, QueueLog,
 };
 use crate::inflight::InflightQueue;
 use crate::stats::{IoThreadStats, QueueCounters};
@@ -88,6 +88,8 @@ pub(super) struct QueueSlot {
     resubmit: VecDeque<u16>,
     /// When each head (by index) was popped, for the latency histogram.
     popped_at: Box<[Instant]>,
+    /// The migration dirty log while it is on (vhost-user VHOST_F_LOG_ALL).
+    log: Option<QueueLog>,
 }
 
 impl QueueSlot {
@@ -115,6 +117,21 @@ impl QueueSlot {
             popped_at: vec![Instant::now(); size].into(),
             record,
             resubmit: resubmit.into(),
+            log: a.log,
+        }
+    }
+
+    /// Switches dirty logging on (Some) or off (None).
+    pub fn set_log(&mut self, log: Option<QueueLog>) {
+        self.log = log;
+    }
+
+    /// Marks the used ring dirty after the daemon wrote into it, while a
+    /// migration logs (one predictable branch otherwise).
+    #[inline]
+    fn log_used(&self) {
+        if let Some(log) = &self.log {
+            log.mark_used(self.queue.size());
         }
     }
 
@@ -145,6 +162,8 @@ impl QueueSlot {
             mem: self.mem,
             device: self.device,
             inflight,
+            // A migration that logs goes on logging on the new owner.
+            log: self.log,
         }
     }
 
@@ -170,6 +189,7 @@ impl QueueSlot {
         if self.notify {
             self.queue.disable_notification(mem)?;
             self.notify = false;
+            self.log_used();
         }
         Ok(())
     }
@@ -182,6 +202,7 @@ impl QueueSlot {
         }
         let more = self.queue.enable_notification(mem)?;
         self.notify = true;
+        self.log_used();
         Ok(more)
     }
 
@@ -371,6 +392,7 @@ impl QueueSlot {
             ticket,
             result,
             mem,
+            written,
         } = f;
         let kind = ticket.kind;
         let c = &self.counters;
@@ -397,6 +419,11 @@ impl QueueSlot {
             Some(a) if mem.write_obj(st, a).is_ok() => data_len + 1,
             _ => 0,
         };
+        // Migration: the pages written are marked before the used index
+        // publishes them (vhost-user "Dirty logging").
+        if let Some(log) = &self.log {
+            log.mark_request(&written, ticket.status);
+        }
         match kind {
             Some(ReqKind::Read) => {
                 c.reads.add(1);
@@ -428,6 +455,7 @@ impl QueueSlot {
         }
         match self.queue.add_used(&*mem, ticket.head, used_len) {
             Ok(()) => {
+                self.log_used();
                 stats.used_publishes.add(1);
                 if let Some(record) = &mut self.record {
                     record.commit_used(self.queue.next_used());
@@ -515,6 +543,14 @@ impl Queues {
     /// The slot `id`, if it serves a queue.
     pub fn get_mut(&mut self, id: SlotId) -> Option<&mut QueueSlot> {
         self.slots.get_mut(id.0).and_then(Option::as_mut)
+    }
+
+    /// Switches dirty logging of every slot serving `key` (a draining one
+    /// too: its last requests are logged).
+    pub fn set_log(&mut self, key: QueueKey, log: Option<QueueLog>) {
+        for q in self.slots.iter_mut().flatten().filter(|q| q.key == key) {
+            q.set_log(log.clone());
+        }
     }
 
     /// Number of slots (served or free); slot ids are below it.

@@ -17,8 +17,9 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic};
 
 use super::executor::{Executor, SlotId};
 use super::queue::{Popped, QueueSlot, Queues, POP_BUDGET};
-use super::{BlockDevice, GuestMem, InflightTracking, QueueAttach, QueueKey};
+use super::{BlockDevice, GuestMem, InflightTracking, QueueAttach, QueueKey, QueueLog};
 use crate::block::{Backend, Disk};
+use crate::dirty_log::{DirtyLog, LOG_PAGE};
 use crate::seccomp::SeccompMode;
 use crate::stats::{IoThreadStats, QueueCounters};
 use crate::virtio::{req_type, status, BlkGeometry};
@@ -162,6 +163,7 @@ impl Rig {
             mem: GuestMemoryAtomic::new(mem.clone()),
             device: device.clone(),
             inflight,
+            log: None,
         };
         let mut queues = Queues::new(stats.clone());
         let id = queues.insert(QueueSlot::new(attach, counters.clone()));
@@ -1465,4 +1467,123 @@ fn inflight_record_follows_the_queue_and_survives_a_crash() {
         "the published head is cleared"
     );
     assert_eq!(region_used_idx(&file), 3);
+}
+
+impl Rig {
+    /// Switches dirty logging on with a fresh log over the whole mock memory
+    /// (the used ring logged at its own address when `used`), as the
+    /// SetLog command does.
+    fn log_on(&mut self, used: bool) -> Arc<DirtyLog> {
+        let log = Arc::new(DirtyLog::anonymous((MEM_SIZE / LOG_PAGE / 8) as usize));
+        let key = self.queues.get(self.id).unwrap().key;
+        let ql = QueueLog {
+            log: log.clone(),
+            used: used.then_some(self.used),
+        };
+        self.queues.set_log(key, Some(ql));
+        log
+    }
+
+    fn log_off(&mut self) {
+        let key = self.queues.get(self.id).unwrap().key;
+        self.queues.set_log(key, None);
+    }
+}
+
+/// The log pages of guest addresses `[addr, addr + len)`.
+fn pages(addr: u64, len: u64) -> Vec<u64> {
+    (addr / LOG_PAGE..=(addr + len - 1) / LOG_PAGE).collect()
+}
+
+fn sorted(mut v: Vec<u64>) -> Vec<u64> {
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+#[test]
+fn a_read_marks_its_data_status_and_used_ring_pages_while_logging() {
+    // Zero copy (the backend writes guest memory itself) and through a bounce
+    // buffer (the daemon copies into guest memory at completion).
+    for bounce in [false, true] {
+        for kind in ALL {
+            let mut r = Rig::with(
+                kind,
+                Opts {
+                    bounce,
+                    ..Opts::default()
+                },
+            );
+            let log = r.log_on(true);
+            // Unaligned for the bounce case, and spanning three pages.
+            let at = DATA + 0x801;
+            let q = r.push(req_type::IN, 8, &[(at, 8192, true)]);
+            r.run_one(&q, 8192 + 1, status::OK);
+            assert_eq!(r.read(at, 8192), r.expected(8 * 512, 8192), "{kind:?}");
+            let mut want = pages(at, 8192);
+            want.extend(pages(q.status, 1));
+            want.extend(pages(r.used, 6 + 8 * QUEUE_SIZE as u64));
+            assert_eq!(log.marked(), sorted(want), "{kind:?} bounce {bounce}");
+        }
+    }
+}
+
+#[test]
+fn get_id_marks_its_buffer_and_a_write_only_status_and_used_ring() {
+    for kind in ALL {
+        let mut r = Rig::new(kind);
+        let log = r.log_on(true);
+        let id = r.push(req_type::GET_ID, 0, &[(DATA + 0x3000, 20, true)]);
+        r.run_one(&id, 20 + 1, status::OK);
+        let mut want = pages(DATA + 0x3000, 20);
+        want.extend(pages(id.status, 1));
+        want.extend(pages(r.used, 6 + 8 * QUEUE_SIZE as u64));
+        assert_eq!(log.marked(), sorted(want.clone()), "{kind:?}");
+        // A write reads guest memory only: its data pages stay clean.
+        let w = r.push(req_type::OUT, 0, &[(DATA + 0x10000, 4096, false)]);
+        r.run_one(&w, 1, status::OK);
+        want.extend(pages(w.status, 1));
+        assert_eq!(log.marked(), sorted(want), "{kind:?}");
+    }
+}
+
+#[test]
+fn nothing_is_marked_once_logging_is_off_or_the_used_ring_unless_asked() {
+    for kind in ALL {
+        let mut r = Rig::new(kind);
+        let log = r.log_on(true);
+        r.log_off();
+        let q = r.push(req_type::IN, 0, &[(DATA, 4096, true)]);
+        r.run_one(&q, 4096 + 1, status::OK);
+        assert!(log.marked().is_empty(), "{kind:?}: {:?}", log.marked());
+        // Without VHOST_VRING_F_LOG the used ring is not logged.
+        let log = r.log_on(false);
+        let q = r.push(req_type::IN, 0, &[(DATA, 4096, true)]);
+        r.run_one(&q, 4096 + 1, status::OK);
+        let mut want = pages(DATA, 4096);
+        want.extend(pages(q.status, 1));
+        assert_eq!(log.marked(), sorted(want), "{kind:?}");
+    }
+}
+
+#[test]
+fn a_request_in_flight_when_logging_starts_is_marked_at_completion() {
+    // The mark is made when the request finishes, not when it is popped: a
+    // log switched on meanwhile (a migration starting) still sees it.
+    let mut r = Rig::with(
+        Kind::Null,
+        Opts {
+            latency_ns: 2_000_000,
+            ..Opts::default()
+        },
+    );
+    let q = r.push(req_type::IN, 0, &[(DATA, 4096, true)]);
+    assert_eq!(r.queues.process(r.id, &mut r.exec, true), Popped::Drained);
+    assert_eq!(r.queues.inflight(), 1);
+    let log = r.log_on(true);
+    r.run_one(&q, 4096 + 1, status::OK);
+    let mut want = pages(DATA, 4096);
+    want.extend(pages(q.status, 1));
+    want.extend(pages(r.used, 6 + 8 * QUEUE_SIZE as u64));
+    assert_eq!(log.marked(), sorted(want));
 }

@@ -11,19 +11,25 @@ use log::{debug, info, warn};
 use vhost::vhost_user::message::{
     VhostTransferStateDirection, VhostTransferStatePhase, VhostUserConfigFlags, VhostUserInflight,
     VhostUserLog, VhostUserMemoryRegion, VhostUserProtocolFeatures, VhostUserShMemConfig,
-    VhostUserSharedMsg, VhostUserSingleMemoryRegion, VhostUserVringAddrFlags, VhostUserVringState,
+    VhostUserSharedMsg, VhostUserSingleMemoryRegion, VhostUserVirtioFeatures,
+    VhostUserVringAddrFlags, VhostUserVringState,
 };
 use vhost::vhost_user::{
     Backend, Error as VhostError, GpuBackend, Result as VhostResult, VhostUserBackendReqHandlerMut,
 };
 use vhost::VhostUserMemoryRegionBase;
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{GuestAddress, GuestAddressSpace, GuestRegionMmap};
+use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemoryBackend, GuestRegionMmap};
 
-use super::memory::{check_disjoint, check_region, vmm_va_to_gpa, AddrMapping, Sealing};
+use super::memory::{
+    check_disjoint, check_region, seal_against_shrinking, vmm_va_to_gpa, AddrMapping, Sealing,
+};
 use super::ExportShared;
+use crate::dirty_log::DirtyLog;
 use crate::inflight::{InflightLayout, InflightRegion};
-use crate::iothread::{Command, GuestMem, GuestMemHandle, InflightTracking, QueueAttach, QueueKey};
+use crate::iothread::{
+    Command, GuestMem, GuestMemHandle, InflightTracking, QueueAttach, QueueKey, QueueLog,
+};
 use crate::virtio::{features, CONFIG_WRITEBACK_OFFSET};
 
 /// Memory slots we accept with CONFIGURE_MEM_SLOTS (QEMU's vhost-user limit is 509 too).
@@ -46,6 +52,9 @@ struct Vring {
     enabled: bool,
     /// Owned by an IOThread right now.
     started: bool,
+    /// Guest address to log the used ring at (SET_VRING_ADDR with
+    /// VHOST_VRING_F_LOG), None without the flag.
+    log_used: Option<u64>,
 }
 
 /// The backend side of one vhost-user connection.
@@ -61,7 +70,14 @@ pub struct Connection {
     /// The inflight region (INFLIGHT_SHMFD): from GET_INFLIGHT_FD or
     /// SET_INFLIGHT_FD; rings started while it is set are tracked in it.
     inflight: Option<InflightRegion>,
+    /// The migration dirty log of the last SET_LOG_BASE; the IOThreads
+    /// mark it while VHOST_F_LOG_ALL is acked.
+    log: Option<Arc<DirtyLog>>,
 }
+
+/// VHOST_F_LOG_ALL: the frontend wants dirty pages logged (vhost-user
+/// "Migration"); offered on top of the device's virtio features.
+const LOG_ALL: u64 = VhostUserVirtioFeatures::LOG_ALL.bits();
 
 /// A refusal by this handler: the crate answers it with a failing REPLY_ACK
 /// (when the frontend asked for one), and the session logs it.
@@ -82,6 +98,53 @@ impl Connection {
             acked_features: 0,
             told_unsealed: false,
             inflight: None,
+            log: None,
+        }
+    }
+
+    /// The dirty log queue `index` marks: the mapped log while the frontend
+    /// acks VHOST_F_LOG_ALL (vhost-user "Dirty logging"), else None.
+    fn queue_log(&self, index: u16) -> Option<QueueLog> {
+        if self.acked_features & LOG_ALL == 0 {
+            return None;
+        }
+        self.log.as_ref().map(|log| QueueLog {
+            log: log.clone(),
+            used: self.vrings[index as usize].log_used,
+        })
+    }
+
+    /// Tells the IOThreads of every running ring whether to log (and where),
+    /// without stopping the rings, and waits until they apply it: the frontend
+    /// hears back only then, so no completion after its message goes unmarked.
+    fn push_log(&self) {
+        let indexes: Vec<u16> = (0..self.vrings.len() as u16)
+            .filter(|&i| self.vrings[i as usize].started)
+            .collect();
+        self.push_log_to(&indexes);
+    }
+
+    fn push_log_to(&self, indexes: &[u16]) {
+        let (tx, rx) = sync_channel(indexes.len());
+        // Routed under the export's lock, held until every switch applies: a
+        // queue-move cannot take a ring away between the send and the switch.
+        let routes = self.export.map.lock();
+        for &index in indexes {
+            self.export.iothreads[routes.thread_of(index)].send(Command::SetLog {
+                key: self.key(index),
+                log: self.queue_log(index),
+                applied: tx.clone(),
+            });
+        }
+        drop(tx);
+        for _ in indexes {
+            if rx.recv_timeout(DRAIN_TIMEOUT).is_err() {
+                warn!(
+                    "{}: an IOThread did not switch dirty logging in time",
+                    self.export.device.name
+                );
+                return;
+            }
         }
     }
 
@@ -220,6 +283,7 @@ impl Connection {
             mem: self.mem.clone(),
             device: self.export.device.clone(),
             inflight,
+            log: self.queue_log(index),
         };
         // Routed under the export's lock: a queue-move waits for the ring
         // to reach its owner's channel.
@@ -336,6 +400,18 @@ impl Connection {
         self.acked_features = 0;
         // A reset device starts over with a fresh region (QEMU frees its copy).
         self.inflight = None;
+        self.log = None;
+    }
+
+    /// Post-copy migration (the frontend wants page faults served) is not
+    /// supported: PAGEFAULT is never offered, and a frontend asking anyway is
+    /// refused with a clear log line.
+    fn refuse_postcopy(&self) -> VhostError {
+        warn!(
+            "{}: post-copy migration is not supported (use pre-copy live migration)",
+            self.export.device.name
+        );
+        VhostError::InvalidOperation("post-copy migration not supported")
     }
 
     fn publish_memory(&mut self, mem: GuestMem) {
@@ -372,16 +448,27 @@ impl VhostUserBackendReqHandlerMut for Connection {
     }
 
     fn get_features(&mut self) -> VhostResult<u64> {
-        Ok(self.export.geometry.features())
+        Ok(self.export.geometry.features() | LOG_ALL)
     }
 
     fn set_features(&mut self, features: u64) -> VhostResult<()> {
-        if features & !self.export.geometry.features() != 0 {
+        if features & !(self.export.geometry.features() | LOG_ALL) != 0 {
             return Err(invalid(&format!(
                 "frontend acked unknown features {features:#x}"
             )));
         }
+        let logging = (self.acked_features ^ features) & LOG_ALL != 0;
         self.acked_features = features;
+        // vhost-user "Migration": logging is on while VHOST_F_LOG_ALL is
+        // acked; QEMU switches it with SET_FEATURES on running rings.
+        if logging {
+            info!(
+                "{}: dirty logging {} (live migration)",
+                self.export.device.name,
+                if features & LOG_ALL != 0 { "on" } else { "off" }
+            );
+            self.push_log();
+        }
         Ok(())
     }
 
@@ -393,7 +480,7 @@ impl VhostUserBackendReqHandlerMut for Connection {
     ) -> VhostResult<Option<Vec<VhostUserMemoryRegionBase>>> {
         self.owner()?;
         if postcopy.is_some() {
-            return Err(VhostError::InvalidOperation("postcopy not supported"));
+            return Err(self.refuse_postcopy());
         }
         // The crate already bounds the table (32 regions, one fd each, 4 KiB
         // message); every region is checked against its file before mapping.
@@ -437,11 +524,11 @@ impl VhostUserBackendReqHandlerMut for Connection {
     fn set_vring_addr(
         &mut self,
         index: u32,
-        _flags: VhostUserVringAddrFlags,
+        flags: VhostUserVringAddrFlags,
         descriptor: u64,
         used: u64,
         available: u64,
-        _log: u64,
+        log: u64,
     ) -> VhostResult<()> {
         self.owner()?;
         self.vring(index)?;
@@ -450,6 +537,12 @@ impl VhostUserBackendReqHandlerMut for Connection {
             self.vmm_va_to_gpa(used)?,
             self.vmm_va_to_gpa(available)?,
         );
+        // vhost-user "Dirty logging": with VHOST_VRING_F_LOG the used ring's
+        // writes are logged at `log` (a guest-physical address). QEMU sends
+        // this again on running rings when a migration starts and ends.
+        let log_used = flags
+            .contains(VhostUserVringAddrFlags::VHOST_VRING_F_LOG)
+            .then_some(log);
         let v = self.vring(index)?;
         // Virtio 1.2, 2.7 (virtqueue alignment): descriptor table 16 bytes,
         // avail ring 2, used ring 4. A refused address leaves the ring
@@ -466,7 +559,11 @@ impl VhostUserBackendReqHandlerMut for Connection {
                 )));
             }
         }
-        (v.desc, v.used, v.avail, v.addr_set) = (d, u, a, true);
+        let relog = v.started && v.log_used != log_used;
+        (v.desc, v.used, v.avail, v.addr_set, v.log_used) = (d, u, a, true, log_used);
+        if relog {
+            self.push_log_to(&[index as u16]);
+        }
         Ok(())
     }
 
@@ -527,7 +624,9 @@ impl VhostUserBackendReqHandlerMut for Connection {
         let mut offered = VhostUserProtocolFeatures::MQ
             | VhostUserProtocolFeatures::REPLY_ACK
             | VhostUserProtocolFeatures::CONFIG
-            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS;
+            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
+            // Not PAGEFAULT: post-copy migration is not supported.
+            | VhostUserProtocolFeatures::LOG_SHMFD;
         if super::offer_inflight() {
             offered |= VhostUserProtocolFeatures::INFLIGHT_SHMFD;
         }
@@ -676,7 +775,7 @@ impl VhostUserBackendReqHandlerMut for Connection {
     ) -> VhostResult<Option<VhostUserMemoryRegionBase>> {
         self.owner()?;
         if postcopy.is_some() {
-            return Err(VhostError::InvalidOperation("postcopy not supported"));
+            return Err(self.refuse_postcopy());
         }
         if self.mappings.len() as u64 >= MAX_MEM_SLOTS {
             warn!(
@@ -740,7 +839,30 @@ impl VhostUserBackendReqHandlerMut for Connection {
         Err(VhostError::InvalidOperation("no shared memory regions"))
     }
 
-    fn set_log_base(&mut self, _log: &VhostUserLog, _file: File) -> VhostResult<()> {
-        Err(VhostError::InvalidOperation("dirty logging not supported"))
+    fn set_log_base(&mut self, log: &VhostUserLog, file: File) -> VhostResult<()> {
+        self.owner()?;
+        let name = &self.export.device.name;
+        // The log must cover every guest address the daemon may write.
+        let mem_end = self.mem.memory().last_addr().0.saturating_add(1);
+        // As for guest memory: sealed against shrinking where possible, then
+        // checked against its size, so a truncation cannot SIGBUS the daemon.
+        if seal_against_shrinking(&file) == Sealing::Unsealed {
+            info!("{name}: the dirty log's file cannot be sealed against shrinking");
+        }
+        let mapped =
+            DirtyLog::map(&file, log.mmap_size, log.mmap_offset, mem_end).map_err(|e| {
+                warn!("{name}: SET_LOG_BASE refused: {e}");
+                invalid(&e.to_string())
+            })?;
+        debug!(
+            "{name}: dirty log of {} bytes mapped ({} pages of guest memory)",
+            log.mmap_size,
+            mapped.pages()
+        );
+        // A new log (QEMU resizes it when memory changes) replaces the old one
+        // on every running ring; the old mapping goes with its last holder.
+        self.log = Some(Arc::new(mapped));
+        self.push_log();
+        Ok(())
     }
 }

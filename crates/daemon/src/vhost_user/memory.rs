@@ -154,7 +154,7 @@ pub fn check_region(
 
 /// Makes sure the file cannot shrink: reads its seals and adds
 /// `F_SEAL_SHRINK` if it is missing and the file allows it.
-fn seal_against_shrinking(file: &File) -> Sealing {
+pub(crate) fn seal_against_shrinking(file: &File) -> Sealing {
     let fd = file.as_raw_fd();
     // SAFETY: fcntl on a valid fd we own, with an integer-only command.
     let seals = unsafe { libc::fcntl(fd, libc::F_GET_SEALS) };
