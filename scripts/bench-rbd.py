@@ -34,6 +34,9 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--depths", default="1,16", help="comma-separated iodepths")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--variant", action="append", default=[],
+                    help="another vqblk server with extra flags, as LABEL:FLAGS "
+                         "(e.g. 'poll-off:--poll off'); repeatable")
     a = ap.parse_args()
     depths = [int(d) for d in a.depths.split(",") if d]
     ensure_tools()
@@ -60,9 +63,12 @@ def main():
                 f"driver=rbd,node-name=disk,pool={pool},image={name},conf={conf},cache.direct=on",
                 "--object", "iothread,id=iot0"],
         }
+        for v in a.variant:
+            label, _, flags = v.partition(":")
+            servers[f"vqblk {label}"] = servers["vqblk"] + flags.split()
         for server, argv in servers.items():
-            sock = os.path.join(work, f"{server}.sock")
-            if server == "vqblk":
+            sock = os.path.join(work, f"{server.replace(' ', '-')}.sock")
+            if server.startswith("vqblk"):
                 argv = argv + ["--socket", sock]
             else:
                 argv = argv + ["--export", "type=vhost-user-blk,id=exp0,node-name=disk,addr.type=unix,"
