@@ -31,6 +31,8 @@ def main():
     ap.add_argument("--runtime", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--cells", default="null:1,null:16,file:16", help="BACKEND:DEPTH,... (default: all three)")
+    ap.add_argument("--wait-mode", choices=["block", "loop"], default="block",
+                    help="the client's libblkio_wait_mode (default block)")
     ap.add_argument("--out")
     a = ap.parse_args()
     benchlib.VQBLK = a.client
@@ -45,7 +47,9 @@ def main():
         try:
             for side, binary, extra in [("A", a.a, a.a_extra), ("B", a.b, a.b_extra)]:
                 sock = os.path.join(work, f"{side}-{backend}.sock")
-                procs[side] = (benchlib.start_vqblk(backend, image, sock, extra=shlex.split(extra), binary=binary), sock)
+                stats = os.path.join(work, f"{side}-{backend}.stats.json")
+                extra = shlex.split(extra) + ["--stats-file", stats]
+                procs[side] = (benchlib.start_vqblk(backend, image, sock, extra=extra, binary=binary), sock, stats)
                 benchlib.wait_socket(sock, procs[side][0])
             for rep in range(a.repeats):
                 for be, depth in cells:
@@ -53,16 +57,22 @@ def main():
                         continue
                     order = ["A", "B"] if rep % 2 == 0 else ["B", "A"]
                     for side in order:
-                        p, sock = procs[side]
-                        r = benchlib.run_bench(f"unix:{sock}", depth, a.runtime, p.pid)
+                        p, sock, stats = procs[side]
+                        extra = ["--libblkio_wait_mode", a.wait_mode, "--server-pid", str(p.pid),
+                                 "--server-stats", stats]
+                        r = benchlib.run_bench(f"unix:{sock}", depth, a.runtime, p.pid, extra=extra)
                         runs.setdefault((backend, depth, side), []).append(r)
                         print(f"{backend} qd{depth} {side} run {rep + 1}: {r['iops'] / 1e3:.1f}K IOPS, "
-                              f"{r['server_cpu_us_per_io']:.2f} us CPU/IO", flush=True)
+                              f"{r['server_cpu_us_per_io']:.2f} us CPU/IO, calls {r.get('calls_per_io', 0):.3f}/IO, "
+                              f"client sleeps {r['client_sleeps_per_io']:.4f}/IO, p50 {r['p50_us']:.1f} us, "
+                              f"p99 {r['p99_us']:.1f} us", flush=True)
         finally:
-            for p, _ in procs.values():
+            for p, _, _ in procs.values():
                 benchlib.stop(p)
-    print(f"\n| cell | A IOPS | B IOPS | B/A IOPS | A CPU us/IO | B CPU us/IO | B/A CPU/IO |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"\nclient libblkio_wait_mode={a.wait_mode}")
+    print("| cell | A IOPS | B IOPS | B/A IOPS | A CPU us/IO | B CPU us/IO | B/A CPU/IO |"
+          " A sleeps/IO | B sleeps/IO | A calls/IO | B calls/IO | A p50/p99 us | B p50/p99 us |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     table = []
     for backend, depth in cells:
         ma = benchlib.median_of(runs[(backend, depth, "A")])
@@ -71,7 +81,9 @@ def main():
                mb["server_cpu_us_per_io"], mb["server_cpu_us_per_io"] / ma["server_cpu_us_per_io"])
         table.append(row)
         print(f"| {backend} QD{depth} | {row[2] / 1e3:.1f}K | {row[3] / 1e3:.1f}K | {row[4]:.2f} | "
-              f"{row[5]:.2f} | {row[6]:.2f} | {row[7]:.2f} |")
+              f"{row[5]:.2f} | {row[6]:.2f} | {row[7]:.2f} | {ma['client_sleeps_per_io']:.4f} | "
+              f"{mb['client_sleeps_per_io']:.4f} | {ma.get('calls_per_io', 0):.3f} | {mb.get('calls_per_io', 0):.3f} | "
+              f"{ma['p50_us']:.1f}/{ma['p99_us']:.1f} | {mb['p50_us']:.1f}/{mb['p99_us']:.1f} |")
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"args": vars(a), "runs": {f"{k[0]}-qd{k[1]}-{k[2]}": v for k, v in runs.items()},

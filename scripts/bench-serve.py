@@ -13,8 +13,13 @@ runs, plus the ratios the targets are stated in. Figures, not a pass/fail test.
 --wait-mode is the client's libblkio_wait_mode: block sleeps on completions
 (like a guest waiting for interrupts), loop busy-polls.
 
+--baseline BINARY adds that build of vqblk (e.g. the main branch's) as a
+server of its own, "vqblk (baseline)", interleaved with the others, for
+before/after tables; --servers picks a subset of the servers by name.
+
 Usage: scripts/bench-serve.py [--runtime 10] [--repeats 3] [--wait-mode block|loop]
                               [--backends null,file] [--depths 1,16] [--out results.json]
+                              [--baseline BINARY] [--servers vqblk,qemu-storage-daemon,...]
 """
 import argparse
 import json
@@ -37,6 +42,9 @@ def main():
                     help="the client's libblkio_wait_mode (default block)")
     ap.add_argument("--backends", default="null,file", help="comma-separated subset of null,file")
     ap.add_argument("--depths", default="1,16", help="comma-separated iodepths")
+    ap.add_argument("--baseline", default=None, help="another vqblk binary to run as 'vqblk (baseline)'")
+    ap.add_argument("--servers", default=None,
+                    help="comma-separated server names to run (default: all of them)")
     a = ap.parse_args()
     backends = [b for b in a.backends.split(",") if b]
     depths = [int(d) for d in a.depths.split(",") if d]
@@ -53,6 +61,12 @@ def main():
             b, i, s, extra=["--poll", "off", "--stats-file", stats_file("vqblk --poll off", b)])),
         ("qemu-storage-daemon", start_qsd),
     ]
+    if a.baseline:
+        servers.insert(1, ("vqblk (baseline)", lambda b, i, s: start_vqblk(
+            b, i, s, binary=a.baseline, extra=["--stats-file", stats_file("vqblk (baseline)", b)])))
+    if a.servers:
+        wanted = a.servers.split(",")
+        servers = [s for s in servers if s[0] in wanted]
     runs = {}
     for backend in backends:
         # All servers of a backend run at once (idle ones use no CPU), and the
@@ -100,14 +114,16 @@ def main():
 
     print(f"\nclient libblkio_wait_mode={a.wait_mode}")
     print("| server | backend | iodepth | IOPS | p50 (us) | p99 (us) | server CPU (ns/IO) | calls/IO |"
-          " client sleeps/IO |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          " client sleeps/IO | pop->publish (ns) | publish->call (ns) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in sorted(results, key=lambda r: (r["backend"], r["iodepth"])):
         cpu = f"{r['server_cpu_us_per_io'] * 1000:.0f}" if "server_cpu_us_per_io" in r else "-"
         calls = f"{r['calls_per_io']:.3f}" if "calls_per_io" in r else "-"
         sleeps = f"{r['client_sleeps_per_io']:.3f}" if r["server"] != "native io_uring" else "-"
+        pub = f"{r['pop_to_publish_ns']:.0f}" if "pop_to_publish_ns" in r else "-"
+        call = f"{r['publish_to_call_ns']:.0f}" if "publish_to_call_ns" in r else "-"
         print(f"| {r['server']} | {r['backend']} | {r['iodepth']} | {r['iops']:.0f} | {r['p50_us']:.1f} |"
-              f" {r['p99_us']:.1f} | {cpu} | {calls} | {sleeps} |")
+              f" {r['p99_us']:.1f} | {cpu} | {calls} | {sleeps} | {pub} | {call} |")
     q = "qemu-storage-daemon"
     ratios = {
         "null qd16 IOPS vqblk/qsd (target >= 1.3)": get("vqblk", "null", 16, "iops") / get(q, "null", 16, "iops"),

@@ -21,7 +21,7 @@ use super::queue::{QueueSlot, Queues, Release};
 use super::{Command, GuestMem, HandedOver, IoThreadSetup, QueueAttach, QueueKey};
 use crate::block::clock_ns;
 use crate::poll::{PollMode, PollPolicy};
-use crate::stats::IoThreadStats;
+use crate::stats::{IoThreadStats, HANDBACK_SAMPLE_EVERY};
 
 /// epoll token of the command wake-up eventfd.
 pub(super) const TOKEN_WAKE: u64 = 0;
@@ -193,12 +193,35 @@ impl IoThread {
                 .observe_events_at(self.clock_ns(t_end), &sources);
             // Keep kicks off while we expect to poll next time.
             let rearm = self.window() == 0;
+            // One pass in HANDBACK_SAMPLE_EVERY is timed (issue 16): how long
+            // a finished request waits for its used entry, and that for the call.
+            let sample = self
+                .stats
+                .passes
+                .get()
+                .is_multiple_of(HANDBACK_SAMPLE_EVERY)
+                && (!ready.is_empty() || completed);
+            let t_pop = sample.then(Instant::now);
+            let published = self.stats.used_publishes.get();
             for slot in ready.drain(..) {
                 self.process_queue(slot, rearm);
             }
             ready.append(&mut self.carried);
             self.complete_all();
+            let t_pub = (sample && self.stats.used_publishes.get() != published).then(Instant::now);
+            let calls = self.stats.notifications.get();
             self.finish_pass();
+            if let (Some(t_pop), Some(t_pub)) = (t_pop, t_pub) {
+                self.stats.handback_samples.add(1);
+                let ns = t_pub.duration_since(t_pop).as_nanos() as u64;
+                self.stats.pop_to_publish_ns.add(ns);
+                if self.stats.notifications.get() != calls {
+                    self.stats.call_samples.add(1);
+                    self.stats
+                        .publish_to_call_ns
+                        .add(t_pub.elapsed().as_nanos() as u64);
+                }
+            }
         }
         info!(
             "{} stopped: {} requests served",

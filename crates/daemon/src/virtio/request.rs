@@ -343,7 +343,9 @@ fn parse_descriptors<M: GuestMemory + ?Sized>(
     gather(mem, &readable, &mut hdr).map_err(reject)?;
     let rtype = u32::from_le_bytes(hdr[0..4].try_into().unwrap());
     let sector = u64::from_le_bytes(hdr[8..16].try_into().unwrap());
-    let out_data = skip_front(&readable, HEADER_LEN as u64);
+    // Only requests that carry data after the header need that list: a read
+    // (the common request) does not pay for building it (an allocation).
+    let out_data = || skip_front(&readable, HEADER_LEN as u64);
     let out_len = readable_len - HEADER_LEN as u64;
     let in_len: u64 = writable.iter().map(|s| s.len as u64).sum();
 
@@ -378,6 +380,7 @@ fn parse_descriptors<M: GuestMemory + ?Sized>(
             if limits.read_only {
                 return Err(reject(RequestError::ReadOnly));
             }
+            let out_data = out_data();
             check_rw(&out_data, out_len).map_err(reject)?;
             Operation::Write {
                 sector,
@@ -405,7 +408,7 @@ fn parse_descriptors<M: GuestMemory + ?Sized>(
                 )));
             }
             let mut r = [0u8; RANGE_LEN];
-            gather(mem, &out_data, &mut r).map_err(reject)?;
+            gather(mem, &out_data(), &mut r).map_err(reject)?;
             let sector = u64::from_le_bytes(r[0..8].try_into().unwrap());
             let num_sectors = u32::from_le_bytes(r[8..12].try_into().unwrap());
             let flags = u32::from_le_bytes(r[12..16].try_into().unwrap());
