@@ -103,9 +103,27 @@ args=(
 
 echo "run-guest: qemu-system-x86_64 ${args[*]} ${EXTRA[*]}" >&2
 start=$(date +%s.%N)
-rc=0
-# stdin from /dev/null: nothing of QEMU reads it, and CI has none.
-timeout -k 10 "$TIMEOUT" qemu-system-x86_64 "${args[@]}" "${EXTRA[@]}" </dev/null || rc=$?
+qemu_err=$(mktemp)
+trap 'rm -f "$qemu_err"' EXIT
+for attempt in 1 2; do
+    rc=0
+    # stdin from /dev/null: nothing of QEMU reads it, and CI has none.
+    timeout -k 10 "$TIMEOUT" qemu-system-x86_64 "${args[@]}" "${EXTRA[@]}" </dev/null \
+        2>"$qemu_err" || rc=$?
+    cat "$qemu_err" >&2
+    # QEMU 10.0's TCG (smp > 1) once aborted on its own assertion while the
+    # guest kernel set up the device's MSI-X vectors at boot, before any I/O
+    # (msix_table_mmio_write: addr + size <= ...; seen once in the whole
+    # suite, on a loaded machine). That is an emulator crash, not something
+    # the backend under test did: boot once more, and say so.
+    if [ "$attempt" -eq 1 ] && [ "$rc" -eq 134 ] &&
+        grep -q 'msix_table_mmio_write: Assertion' "$qemu_err" &&
+        ! grep -q 'VQBLK-RESULT' "$LOG" 2>/dev/null; then
+        echo "run-guest: QEMU aborted in its MSI-X emulation during boot (a QEMU TCG crash); booting again" >&2
+        continue
+    fi
+    break
+done
 end=$(date +%s.%N)
 elapsed=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }')
 
