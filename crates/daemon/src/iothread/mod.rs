@@ -377,6 +377,11 @@ impl IoThreadHandle {
         }
     }
 
+    /// Whether `stop` joined the thread (it has exited).
+    pub(crate) fn is_joined(&self) -> bool {
+        self.join.is_none()
+    }
+
     /// Stops the thread after draining and waits for it.
     pub fn stop(&mut self) {
         self.send(Command::Stop);
