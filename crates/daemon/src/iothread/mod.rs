@@ -378,6 +378,7 @@ impl IoThreadHandle {
     }
 
     /// Whether `stop` joined the thread (it has exited).
+    #[cfg(test)]
     pub(crate) fn is_joined(&self) -> bool {
         self.join.is_none()
     }
