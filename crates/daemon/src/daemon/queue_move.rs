@@ -207,8 +207,7 @@ impl DaemonState {
 
 impl Daemon {
     /// Moves virtqueue `queue` of export `export` to IOThread `iothread`
-    /// while the guest runs (see the module documentation and
-    /// [`DaemonState::move_queue`]).
+    /// while the guest runs (see the module documentation).
     pub fn move_queue(
         &self,
         export: &str,
