@@ -106,9 +106,14 @@ struct ParserCase {
     blobs: Vec<Blob>,
 }
 
+/// This thread's guest memory. One per thread, not one per process: the
+/// regression tests and the fuzz loop run in parallel and each rewrites the
+/// whole memory for every case (a shared map made them race, seen in CI).
 fn mem() -> &'static Guarded {
-    static MEM: std::sync::OnceLock<Guarded> = std::sync::OnceLock::new();
-    MEM.get_or_init(|| Guarded::new(&LAYOUT))
+    thread_local! {
+        static MEM: &'static Guarded = Box::leak(Box::new(Guarded::new(&LAYOUT)));
+    }
+    MEM.with(|m| *m)
 }
 
 /// A descriptor of the chain as the crate yields it.
