@@ -8,7 +8,12 @@ QD16 (O_DIRECT raw image). Prints per cell the medians of IOPS and server
 CPU per I/O and the B/A ratios. Figures, not a pass/fail test.
 
     scripts/bench-ab.py --a OLD_BINARY --b NEW_BINARY [--runtime 5] [--repeats 5]
-                        [--b-extra "--seccomp off"] [--out results.json]
+                        [--b-extra "--seccomp off"] [--b-env VQBLK_BENCH_TRACK=inflight]
+                        [--out results.json]
+
+--a-env/--b-env KEY=VALUE (repeatable) set a server's environment: e.g. the
+same binary as A and B with B under VQBLK_BENCH_TRACK=inflight measures what
+inflight tracking costs a frontend that negotiates it.
 """
 import argparse
 import json
@@ -27,6 +32,8 @@ def main():
     ap.add_argument("--b", required=True, help="server binary B")
     ap.add_argument("--a-extra", default="", help="extra serve flags for A")
     ap.add_argument("--b-extra", default="", help="extra serve flags for B")
+    ap.add_argument("--a-env", action="append", default=[], metavar="KEY=VALUE", help="environment for A")
+    ap.add_argument("--b-env", action="append", default=[], metavar="KEY=VALUE", help="environment for B")
     ap.add_argument("--client", default=benchlib.VQBLK, help="the vqblk binary whose bench drives both")
     ap.add_argument("--runtime", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=5)
@@ -45,11 +52,12 @@ def main():
     for backend in sorted({b for b, _ in cells}, key=["null", "file"].index):
         procs = {}
         try:
-            for side, binary, extra in [("A", a.a, a.a_extra), ("B", a.b, a.b_extra)]:
+            for side, binary, extra, env in [("A", a.a, a.a_extra, a.a_env), ("B", a.b, a.b_extra, a.b_env)]:
                 sock = os.path.join(work, f"{side}-{backend}.sock")
                 stats = os.path.join(work, f"{side}-{backend}.stats.json")
                 extra = shlex.split(extra) + ["--stats-file", stats]
-                procs[side] = (benchlib.start_vqblk(backend, image, sock, extra=extra, binary=binary), sock, stats)
+                procs[side] = (benchlib.start_vqblk(backend, image, sock, extra=extra, binary=binary,
+                                                     env=dict(kv.split("=", 1) for kv in env)), sock, stats)
                 benchlib.wait_socket(sock, procs[side][0])
             for rep in range(a.repeats):
                 for be, depth in cells:

@@ -50,7 +50,7 @@ def null_latency(backend):
     return int(ns or 0) if name == "null" else None
 
 
-def start_vqblk(backend, image, sock, queues=1, iothreads=1, extra=(), binary=None):
+def start_vqblk(backend, image, sock, queues=1, iothreads=1, extra=(), binary=None, env=None):
     args = [binary or VQBLK, "serve", "--socket", sock, "--queues", str(queues), "--iothreads", str(iothreads),
             "--log-level", "warn", *extra]
     latency = null_latency(backend)
@@ -60,7 +60,7 @@ def start_vqblk(backend, image, sock, queues=1, iothreads=1, extra=(), binary=No
             args += ["--latency-ns", str(latency)]
     else:
         args += ["--image", image, "--cache", "none"]
-    return subprocess.Popen(args, stdout=subprocess.DEVNULL)
+    return subprocess.Popen(args, stdout=subprocess.DEVNULL, env={**os.environ, **(env or {})})
 
 
 def start_qsd(backend, image, sock, queues=1, poll_max_ns=None):

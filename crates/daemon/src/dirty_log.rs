@@ -191,6 +191,14 @@ impl DirtyLog {
         }
     }
 
+    /// A private anonymous log of `bytes` bytes that no frontend reads: what
+    /// `VQBLK_BENCH_TRACK=dirty-log` marks to measure the cost of marking.
+    pub(crate) fn private(bytes: usize) -> Result<DirtyLog, LogError> {
+        MmapRegion::new(bytes)
+            .map(DirtyLog::over)
+            .map_err(LogError::Map)
+    }
+
     /// An anonymous log of `bytes` bytes, for tests.
     #[cfg(test)]
     pub(crate) fn anonymous(bytes: usize) -> DirtyLog {
