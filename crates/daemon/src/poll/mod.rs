@@ -369,7 +369,8 @@ impl PollPolicy {
     pub fn nap_at(&self, now_ns: u64) -> u64 {
         match &self.algo {
             Algorithm::Adaptive(a) if self.params.poll_max_ns != 0 => {
-                nap::nap_at(a.rhythms(), &self.nap, self.adaptive.wakeup_ns, now_ns)
+                let (wakeup, max) = (self.adaptive.wakeup_ns, self.params.poll_max_ns);
+                nap::nap_at(a.rhythms(), &self.nap, wakeup, max, now_ns)
             }
             _ => 0,
         }

@@ -145,3 +145,44 @@ fn nap_lateness_is_learnt_from_measured_naps() {
     q.observe_nap(10_000, 9_000);
     assert_eq!(q.nap_late_ns(), 1);
 }
+
+#[test]
+fn no_nap_for_events_too_scattered_for_the_spin_after_it() {
+    let calibrated = |sources| {
+        let mut p = PollPolicy::new(PollMode::Adaptive, PollParams::default(), sources);
+        p.set_nap_late(6_000, 500);
+        p.set_nap_cpu_ns(7_000);
+        p
+    };
+    // RBD-like completions: 300 us apart, +- 80 us (a deterministic spread).
+    let scattered = |p: &mut PollPolicy, source: usize, n: u64| {
+        let mut t = 1_000;
+        for k in 0..n {
+            t += if k % 2 == 0 { 220_000 } else { 380_000 };
+            p.observe_events_at(t, &[source]);
+        }
+        t
+    };
+    let mut p = calibrated(1);
+    let t = scattered(&mut p, 0, 200);
+    // 4 deviations (~320 us) do not fit in poll-max-ns (32 us): the nap
+    // would end in a 32 us spin in vain nearly every time.
+    assert_eq!(p.nap_at(t + 1_000), 0);
+    // A steady source next to it is still napped for, and the spin after
+    // that nap is sized by the steady source, not stretched by the other.
+    let mut p = calibrated(2);
+    let mut t = 1_000;
+    for k in 0..200u64 {
+        t += if k % 2 == 0 { 220_000 } else { 380_000 };
+        p.observe_events_at(t, &[0]);
+    }
+    // Source 1: every 60 us, steadily, up to just after source 0's last event.
+    let mut last = 0;
+    for k in 0..200u64 {
+        last = t - 200 * 60_000 + 2_000 + k * 60_000;
+        p.observe_events_at(last, &[1]);
+    }
+    let nap = p.nap_at(last + 1_000);
+    assert!((50_000..=53_500).contains(&nap), "nap {nap}");
+    assert!(p.nap_spin_ns() < 20_000, "spin {}", p.nap_spin_ns());
+}
