@@ -7,6 +7,8 @@
 
 use std::io::{self, Write};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -263,7 +265,7 @@ fn key(e: Event) -> Key {
     }
 }
 
-/// Runs `vqblk top` until `q` or Ctrl-C.
+/// Runs `vqblk top` until `q`, Ctrl-C, SIGTERM or SIGHUP.
 pub fn run(args: TopArgs) -> anyhow::Result<i32> {
     if !(0.1..=3600.0).contains(&args.delay) {
         anyhow::bail!(
@@ -277,6 +279,12 @@ pub fn run(args: TopArgs) -> anyhow::Result<i32> {
         ControlClient::connect(&args.control).with_context(|| format!("--control {name}"))?;
     let mut old = Sample::take(&mut client)?;
     let mut new = Sample::take(&mut client)?;
+    // SIGTERM and SIGHUP (a closed terminal) end it like `q`: the terminal
+    // is restored on the way out, which their default action would skip.
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGHUP] {
+        signal_hook::flag::register(sig, stop.clone()).context("signal handler")?;
+    }
     let _terminal = Terminal::enter()?;
     let mut sort = Sort::Id;
     loop {
@@ -290,9 +298,16 @@ pub fn run(args: TopArgs) -> anyhow::Result<i32> {
         ))?;
         let next = Instant::now() + delay;
         loop {
+            if stop.load(Ordering::Relaxed) {
+                return Ok(0);
+            }
             let left = next.saturating_duration_since(Instant::now());
-            if left.is_zero() || !event::poll(left)? {
+            // In slices, so that a signal is noticed within 100 ms.
+            if left.is_zero() {
                 break;
+            }
+            if !event::poll(left.min(Duration::from_millis(100)))? {
+                continue;
             }
             match key(event::read()?) {
                 Key::Quit => return Ok(0),

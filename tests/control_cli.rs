@@ -297,5 +297,25 @@ fn top_shows_the_iothreads_sorts_and_quits() {
     tmux.wait_gone();
     let exit = std::fs::read_to_string(server.control.with_extension("c.exit")).unwrap();
     assert_eq!(exit.trim(), "0");
+
+    // SIGTERM ends it cleanly too (exit 0, terminal restored), not by the
+    // signal's default action (exit 143, the terminal left in raw mode).
+    let tmux = top_in_tmux("t", &server.control);
+    tmux.wait_for("EXPORT/QUEUE");
+    // Anchored: the shell that runs it in the pane has the same words.
+    let pattern = format!(
+        "^{} top --control {} ",
+        env!("CARGO_BIN_EXE_vqblk"),
+        server.control.display()
+    );
+    let ok = Command::new("pkill")
+        .args(["-TERM", "-f", &pattern])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "pkill found no vqblk top");
+    tmux.wait_gone();
+    let exit = std::fs::read_to_string(server.control.with_extension("t.exit")).unwrap();
+    assert_eq!(exit.trim(), "0", "vqblk top ended by SIGTERM");
     drop(c);
 }
