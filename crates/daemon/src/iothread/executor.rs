@@ -16,7 +16,7 @@ use super::{BlockDevice, ExecuteError, GuestMem};
 use crate::block::{Backend, Completion, Engines, IoKind, Next, Transfer};
 use crate::seccomp::SeccompMode;
 use crate::virtio::device::{self, Action, BlockIo};
-use crate::virtio::request::{Operation, Rejected, ReqKind, Request, Segment};
+use crate::virtio::request::{Operation, Rejected, ReqKind, Request, Segment, Segments};
 
 /// Largest number of host iovecs in one request (Linux IOV_MAX).
 const IOV_MAX: usize = 1024;
@@ -51,7 +51,7 @@ pub(super) struct Finished {
     pub mem: Arc<GuestMem>,
     /// The guest buffers the device wrote (reads, GET_ID): what a migration's
     /// dirty log must mark. Empty (no allocation) for other requests.
-    pub written: Vec<Segment>,
+    pub written: Segments,
 }
 
 /// An aligned buffer for O_DIRECT when guest buffers are not aligned.
@@ -104,7 +104,7 @@ struct Inflight {
     transfer: Transfer,
     /// The request's guest segments (for a bounce buffer's copy, and for
     /// the dirty log: the pages a read wrote).
-    data: Vec<Segment>,
+    data: Segments,
     /// An aligned buffer standing in for `data`.
     bounce: Option<Bounce>,
 }
@@ -174,7 +174,7 @@ impl Executor {
                     status: rej.status,
                     kind: None,
                 };
-                return self.finish_now(ticket, Err(rej.error.into()), mem, Vec::new());
+                return self.finish_now(ticket, Err(rej.error.into()), mem, Segments::new());
             }
         };
         let ticket = Ticket {
@@ -187,7 +187,7 @@ impl Executor {
         // dirty log (GET_ID is rare: this copy costs nothing on the I/O path).
         let id_data = match &req.op {
             Operation::GetId { data } => data.clone(),
-            _ => Vec::new(),
+            _ => Segments::new(),
         };
         let result = match device::action(req.op, &**mem, &device.serial, device.disk.read_only) {
             Ok(Action::Answered(written)) => Ok(written as u64),
@@ -218,7 +218,7 @@ impl Executor {
                     self.waiting.push_front(Waiting { io, ..w });
                     return;
                 }
-                Err(e) => self.finish_now(w.ticket, Err(e), &w.mem, Vec::new()),
+                Err(e) => self.finish_now(w.ticket, Err(e), &w.mem, Segments::new()),
             }
         }
     }
@@ -228,7 +228,7 @@ impl Executor {
         ticket: Ticket,
         result: Result<u64, ExecuteError>,
         mem: &Arc<GuestMem>,
-        written: Vec<Segment>,
+        written: Segments,
     ) {
         self.ready.push(Finished {
             ticket,
@@ -410,7 +410,7 @@ impl Executor {
             // Owned here (taken out of the table): no reference count to bump.
             mem: inf.mem,
             // A read wrote its buffers (even a failed one may have, partly).
-            written: if read { inf.data } else { Vec::new() },
+            written: if read { inf.data } else { Segments::new() },
         });
     }
 }

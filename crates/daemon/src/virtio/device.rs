@@ -4,7 +4,7 @@
 
 use vm_memory::{Bytes, GuestMemory};
 
-use super::request::{Operation, Segment};
+use super::request::{Operation, Segments};
 use super::{ID_BYTES, SECTOR_SIZE};
 use crate::block::IoKind;
 
@@ -18,7 +18,7 @@ pub struct BlockIo {
     /// Byte length.
     pub len: u64,
     /// Guest buffers (Read/Write only).
-    pub data: Vec<Segment>,
+    pub data: Segments,
     /// Write zeroes by punching a hole (the driver allowed unmapping).
     pub punch: bool,
 }
@@ -67,7 +67,7 @@ pub fn action<M: GuestMemory + ?Sized>(
             Action::Answered(written as u32)
         }
         Operation::Flush if read_only => Action::Answered(0),
-        Operation::Flush => io(IoKind::Flush, 0, 0, Vec::new()),
+        Operation::Flush => io(IoKind::Flush, 0, 0, Segments::new()),
         Operation::Read { sector, data } => io(IoKind::Read, sector, data_len, data),
         Operation::Write { sector, data } => io(IoKind::Write, sector, data_len, data),
         Operation::Discard {
@@ -77,7 +77,7 @@ pub fn action<M: GuestMemory + ?Sized>(
             IoKind::Discard,
             sector,
             num_sectors as u64 * SECTOR_SIZE,
-            Vec::new(),
+            Segments::new(),
         ),
         Operation::WriteZeroes {
             sector,
@@ -87,7 +87,7 @@ pub fn action<M: GuestMemory + ?Sized>(
             kind: IoKind::WriteZeroes,
             offset: sector * SECTOR_SIZE,
             len: num_sectors as u64 * SECTOR_SIZE,
-            data: Vec::new(),
+            data: Segments::new(),
             // Punching a hole is the cheapest way to zero when unmapping is allowed.
             punch: unmap,
         }),
@@ -105,6 +105,7 @@ pub fn serial_bytes(serial: &str) -> [u8; ID_BYTES] {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::virtio::request::Segment;
     use vm_memory::{GuestAddress, GuestMemoryMmap};
 
     fn seg(addr: u64, len: u32) -> Segment {
@@ -120,7 +121,7 @@ mod tests {
         let s = serial_bytes("x");
         let read = Operation::Read {
             sector: 3,
-            data: vec![seg(0, 512), seg(512, 1024)],
+            data: smallvec::smallvec![seg(0, 512), seg(512, 1024)],
         };
         assert_eq!(
             action(read, &m, &s, false).unwrap(),
@@ -128,7 +129,7 @@ mod tests {
                 kind: IoKind::Read,
                 offset: 1536,
                 len: 1536,
-                data: vec![seg(0, 512), seg(512, 1024)],
+                data: smallvec::smallvec![seg(0, 512), seg(512, 1024)],
                 punch: false
             })
         );
@@ -163,7 +164,7 @@ mod tests {
         let s = serial_bytes("abcdefghijklmnopqrstuvwxyz");
         assert_eq!(&s, b"abcdefghijklmnopqrst");
         let op = Operation::GetId {
-            data: vec![seg(0x100, 8), seg(0x200, 64)],
+            data: smallvec::smallvec![seg(0x100, 8), seg(0x200, 64)],
         };
         assert_eq!(action(op, &m, &s, false).unwrap(), Action::Answered(20));
         let mut a = [0u8; 8];
@@ -173,7 +174,7 @@ mod tests {
         m.read_slice(&mut b, GuestAddress(0x200)).unwrap();
         assert_eq!(&b, b"ijklmnopqrst\0");
         let outside = Operation::GetId {
-            data: vec![seg(0x2000, 20)],
+            data: smallvec::smallvec![seg(0x2000, 20)],
         };
         assert!(action(outside, &m, &s, false).is_err());
         assert_eq!(&serial_bytes("ab")[..3], b"ab\0");

@@ -8,6 +8,7 @@
 
 use std::ops::Deref;
 
+use smallvec::SmallVec;
 use virtio_queue::desc::split::Descriptor;
 use virtio_queue::DescriptorChain;
 use vm_memory::{Bytes, GuestAddress, GuestMemory};
@@ -24,6 +25,11 @@ pub struct Segment {
     pub len: u32,
 }
 
+/// The guest buffers of a request, in order. Inline up to 4 (a 4 KiB read is
+/// one data segment and a status byte): parsing a request allocates nothing
+/// (issue 16: allocations per request were a measured cost).
+pub type Segments = SmallVec<[Segment; 4]>;
+
 /// What the request asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Operation {
@@ -32,21 +38,21 @@ pub enum Operation {
         /// First sector.
         sector: u64,
         /// Guest buffers to fill.
-        data: Vec<Segment>,
+        data: Segments,
     },
     /// Write `data` at `sector`.
     Write {
         /// First sector.
         sector: u64,
         /// Guest buffers to write.
-        data: Vec<Segment>,
+        data: Segments,
     },
     /// Make previous writes durable.
     Flush,
     /// Copy the serial into `data`.
     GetId {
         /// Guest buffers for the serial.
-        data: Vec<Segment>,
+        data: Segments,
     },
     /// Discard a range.
     Discard {
@@ -233,8 +239,8 @@ fn gather<M: GuestMemory + ?Sized>(
 }
 
 /// Drops the first `n` bytes of a segment list.
-fn skip_front(segs: &[Segment], mut n: u64) -> Vec<Segment> {
-    let mut out = Vec::with_capacity(segs.len());
+fn skip_front(segs: &[Segment], mut n: u64) -> Segments {
+    let mut out = Segments::new();
     for s in segs {
         if n >= s.len as u64 {
             n -= s.len as u64;
@@ -281,8 +287,8 @@ fn parse_descriptors<M: GuestMemory + ?Sized>(
     mem: &M,
     limits: &Limits,
 ) -> Result<Request, Rejected> {
-    let mut readable = Vec::new();
-    let mut writable: Vec<Segment> = Vec::new();
+    let mut readable = Segments::new();
+    let mut writable = Segments::new();
     let mut bad_order = false;
     let mut wraps = None;
     for desc in descriptors {
@@ -591,7 +597,7 @@ mod tests {
             r.op,
             Operation::Read {
                 sector: 8,
-                data: vec![Segment {
+                data: smallvec::smallvec![Segment {
                     addr: GuestAddress(DATA),
                     len: 4096
                 }]
@@ -643,7 +649,7 @@ mod tests {
             r.op,
             Operation::Write {
                 sector: 0,
-                data: vec![Segment {
+                data: smallvec::smallvec![Segment {
                     addr: GuestAddress(HDR + 16),
                     len: 1024
                 }]
@@ -660,7 +666,7 @@ mod tests {
             r.op,
             Operation::Read {
                 sector: 0,
-                data: vec![Segment {
+                data: smallvec::smallvec![Segment {
                     addr: GuestAddress(DATA),
                     len: 512
                 }]
@@ -942,7 +948,7 @@ mod tests {
             r.op,
             Operation::Read {
                 sector: 4,
-                data: vec![Segment {
+                data: smallvec::smallvec![Segment {
                     addr: GuestAddress(DATA),
                     len: 2048
                 }]
