@@ -86,6 +86,13 @@ impl Transfer {
         }
     }
 
+    /// The iovec list back, emptied, for the next transfer to reuse (its
+    /// allocation stays): the owner must no longer be in flight.
+    pub fn into_iov(mut self) -> Vec<libc::iovec> {
+        self.iov.clear();
+        self.iov
+    }
+
     /// Submit writes with RWF_DSYNC.
     pub fn dsync(mut self, on: bool) -> Self {
         self.op.dsync = on;

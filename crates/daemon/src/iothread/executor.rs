@@ -127,7 +127,18 @@ pub(super) struct Executor {
     bounce_max: u64,
     /// Requests waiting for bounce-buffer memory, oldest first.
     waiting: VecDeque<Waiting>,
+    /// Iovec lists of completed transfers, reused by the next ones: a
+    /// request allocates nothing in steady state (issue 16). At most
+    /// [`IOV_POOL_MAX`] are kept.
+    iov_pool: Vec<Vec<libc::iovec>>,
 }
+
+/// Initial capacity of the per-thread scratch lists of completions.
+pub(super) const SCRATCH_CAPACITY: usize = 64;
+
+/// Most iovec lists an IOThread keeps for reuse: more than a queue-depth's
+/// worth of requests in flight on all its queues is rare.
+const IOV_POOL_MAX: usize = 1024;
 
 /// A request that needs a bounce buffer while the cap is reached: it runs
 /// when requests in flight give theirs back.
@@ -148,11 +159,14 @@ impl Executor {
             inflight: Vec::new(),
             free: Vec::new(),
             engines: Engines::new(seccomp),
-            reaped: Vec::new(),
-            ready: Vec::new(),
+            // Sized once for a few passes' worth of completions, so that
+            // steady state allocates nothing; a bigger burst grows them once.
+            reaped: Vec::with_capacity(SCRATCH_CAPACITY),
+            ready: Vec::with_capacity(SCRATCH_CAPACITY),
             bounce_bytes: 0,
             bounce_max,
             waiting: VecDeque::new(),
+            iov_pool: Vec::new(),
         }
     }
 
@@ -248,13 +262,14 @@ impl Executor {
         device: &BlockDevice,
     ) -> Result<Submitted, ExecuteError> {
         let disk = &device.disk;
-        let mut iov = Vec::new();
+        let mut iov = self.iov_pool.pop().unwrap_or_default();
         let mut bounce = None;
         if matches!(io.kind, IoKind::Read | IoKind::Write) {
-            let v = guest_iovecs(mem, &io.data).ok_or(ExecuteError::GuestMemory)?;
-            if v.len() <= IOV_MAX && (!disk.direct || aligned(&v, disk.align)) {
-                iov = v;
-            } else {
+            if !guest_iovecs(mem, &io.data, &mut iov) {
+                return Err(ExecuteError::GuestMemory);
+            }
+            if iov.len() > IOV_MAX || (disk.direct && !aligned(&iov, disk.align)) {
+                iov.clear();
                 // Unaligned for O_DIRECT (or too fragmented): go through an
                 // aligned copy, within the thread's cap: a guest's unaligned
                 // buffers cannot make the daemon allocate without bound.
@@ -404,6 +419,10 @@ impl Executor {
                 result = Err(ExecuteError::BounceCopy(e));
             }
         }
+        if self.iov_pool.len() < IOV_POOL_MAX {
+            // Completed: nothing reads these iovecs any more.
+            self.iov_pool.push(inf.transfer.into_iov());
+        }
         out.push(Finished {
             ticket: inf.ticket,
             result,
@@ -415,22 +434,22 @@ impl Executor {
     }
 }
 
-/// Host iovecs for guest segments; None if any byte is outside guest memory.
-fn guest_iovecs(mem: &GuestMem, segs: &[Segment]) -> Option<Vec<libc::iovec>> {
-    let mut iov = Vec::with_capacity(segs.len());
+/// Appends the host iovecs of guest segments to `iov` (empty); false if any
+/// byte is outside guest memory.
+fn guest_iovecs(mem: &GuestMem, segs: &[Segment], iov: &mut Vec<libc::iovec>) -> bool {
     for s in segs {
-        for slice in mem
-            .get_slices(s.addr, s.len as usize, Permissions::ReadWrite)
-            .ok()?
-        {
-            let slice = slice.ok()?;
+        let Ok(slices) = mem.get_slices(s.addr, s.len as usize, Permissions::ReadWrite) else {
+            return false;
+        };
+        for slice in slices {
+            let Ok(slice) = slice else { return false };
             iov.push(libc::iovec {
                 iov_base: slice.ptr_guard_mut().as_ptr().cast(),
                 iov_len: slice.len(),
             });
         }
     }
-    Some(iov)
+    true
 }
 
 fn aligned(iov: &[libc::iovec], align: usize) -> bool {

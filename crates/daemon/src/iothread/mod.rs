@@ -16,6 +16,8 @@
 //! The control plane (the vhost-user connection threads) talks to an IOThread
 //! only through [`Command`]s sent over a channel plus a wake-up eventfd.
 
+#[cfg(test)]
+mod alloc_count;
 mod error;
 mod event_loop;
 mod executor;

@@ -521,7 +521,7 @@ impl Queues {
             slots: Vec::new(),
             stats,
             warn: WarnLimiter::default(),
-            finished: Vec::new(),
+            finished: Vec::with_capacity(super::executor::SCRATCH_CAPACITY),
             clock: None,
         }
     }

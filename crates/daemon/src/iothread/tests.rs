@@ -1587,3 +1587,51 @@ fn a_request_in_flight_when_logging_starts_is_marked_at_completion() {
     want.extend(pages(r.used, 6 + 8 * QUEUE_SIZE as u64));
     assert_eq!(log.marked(), sorted(want));
 }
+
+/// Issue 16: in steady state a request allocates nothing on the IOThread,
+/// from pop to used entry (parsing, submission, completion, publish).
+#[test]
+fn requests_allocate_nothing_in_steady_state() {
+    use super::alloc_count::allocations_in;
+    for kind in [Kind::Null, Kind::Uring] {
+        let mut r = Rig::new(kind);
+        let round = |r: &mut Rig, counted: bool| -> u64 {
+            for i in 0..16u64 {
+                let at = DATA + 4096 * i;
+                let rtype = if i % 2 == 0 {
+                    req_type::IN
+                } else {
+                    req_type::OUT
+                };
+                r.push(rtype, 8 * i, &[(at, 4096, rtype == req_type::IN)]);
+            }
+            let ((), n) = allocations_in(|| {
+                while r.queues.process(r.id, &mut r.exec, true) == Popped::More {}
+                for _ in 0..5000 {
+                    r.queues.deliver(&mut r.exec);
+                    if r.queues.inflight() == 0 {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                r.queues.notify();
+            });
+            assert_eq!(r.queues.inflight(), 0, "{kind:?}");
+            if counted {
+                n
+            } else {
+                0
+            }
+        };
+        // Warm-up: the thread's tables and pools grow to the load.
+        for _ in 0..3 {
+            round(&mut r, false);
+        }
+        let mut allocs = 0;
+        for _ in 0..20 {
+            allocs += round(&mut r, true);
+        }
+        assert_eq!(allocs, 0, "{kind:?}: allocations in 320 requests");
+        assert_eq!(r.counters.requests.get(), 16 * 23, "{kind:?}");
+    }
+}
