@@ -46,6 +46,10 @@
 #                          compares, with O_DIRECT, until the host writes the stop
 #                          marker "VQBLK-STOP" into the device's last 4 KiB or
 #                          vqblk.seconds pass; a progress line every 8 writes
+#   vqblk.mode=irq         interrupts per request: 16 parallel readers of
+#                          vqblk.blocks 4 KiB O_DIRECT blocks each (QD16); reports
+#                          irq_requests, irq_interrupts (the device's virtio
+#                          request vectors) and irq_centiseconds
 #   vqblk.read_mib=M       migrate mode: also a reader reads the M MiB at
 #   vqblk.read_off_mib=O   offset O MiB over and over with O_DIRECT (dd | awk) and
 #                          checks that every sector holds "VQBLK-RD k=K s=S|" (the
@@ -597,6 +601,32 @@ ro)
         verify_regions
         fact_raw writers "[$WJSON]"
     fi
+    ;;
+irq)
+    # Interrupts per request under a QD16 load (issue 16): 16 readers of
+    # 4 KiB O_DIRECT blocks at once, vqblk.blocks blocks each, from all
+    # CPUs; the device's interrupts (its virtio request vectors in
+    # /proc/interrupts) over the reads it completed (/sys/block/DEV/stat).
+    irqs() { awk '/virtio[0-9]+-req/ { for (i = 2; i <= NF; i++) if ($i ~ /^[0-9]+$/) n += $i } END { print n + 0 }' /proc/interrupts; }
+    reads() { read -r r _ < "$SYS/stat"; echo "$r"; }
+    i0=$(irqs); r0=$(reads); t0=$(cs)
+    n=0; pids=
+    while [ "$n" -lt 16 ]; do
+        # shellcheck disable=SC2086
+        dd if="$DEV" of=/dev/null bs=4096 count="$P_BLOCKS" skip=$(( n * P_BLOCKS )) $DIRECT_IN 2>/dev/null &
+        pids="$pids $!"
+        n=$((n + 1))
+    done
+    # Not a bare `wait`: the watchdog is a child too.
+    # shellcheck disable=SC2086
+    wait $pids
+    i1=$(irqs); r1=$(reads); t1=$(cs)
+    req=$(( r1 - r0 )); irq=$(( i1 - i0 ))
+    [ "$req" -ge $(( 16 * P_BLOCKS )) ] || fail "irq: $req reads completed, expected $(( 16 * P_BLOCKS ))"
+    fact_num irq_requests "$req"
+    fact_num irq_interrupts "$irq"
+    fact_num irq_centiseconds $(( t1 - t0 ))
+    log "irq: $irq interrupts for $req reads in $(( t1 - t0 ))0 ms"
     ;;
 read-verify)
     if [ $(( NEED / 512 )) -gt "$SIZE" ]; then
