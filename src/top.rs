@@ -265,7 +265,41 @@ fn key(e: Event) -> Key {
     }
 }
 
-/// Runs `vqblk top` until `q`, Ctrl-C, SIGTERM or SIGHUP.
+/// What the terminal has for us.
+enum Input {
+    /// Nothing within the time given.
+    None,
+    /// Bytes to read (keys, or a reply crossterm asked for).
+    Ready,
+    /// It hung up or is gone.
+    HungUp,
+}
+
+/// Waits up to `timeout` for input on the terminal (stdin), with poll(2)
+/// rather than crossterm: crossterm 0.29's `event::poll` loops forever,
+/// without returning, on a terminal that has hung up (its reads return EOF or
+/// EIO), which would leave `top` spinning a CPU after its window closed.
+fn wait_input(timeout: Duration) -> Input {
+    let mut p = libc::pollfd {
+        fd: libc::STDIN_FILENO,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid, initialized pollfd that outlives the call.
+    let n = unsafe { libc::poll(&mut p, 1, timeout.as_millis().min(1000) as libc::c_int) };
+    if n <= 0 {
+        // Timeout, or EINTR (a signal: the caller checks its flag).
+        return Input::None;
+    }
+    if p.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 {
+        Input::HungUp
+    } else {
+        Input::Ready
+    }
+}
+
+/// Runs `vqblk top` until `q`, Ctrl-C, SIGTERM or SIGHUP, or until its
+/// terminal goes away.
 pub fn run(args: TopArgs) -> anyhow::Result<i32> {
     if !(0.1..=3600.0).contains(&args.delay) {
         anyhow::bail!(
@@ -306,7 +340,14 @@ pub fn run(args: TopArgs) -> anyhow::Result<i32> {
             if left.is_zero() {
                 break;
             }
-            if !event::poll(left.min(Duration::from_millis(100)))? {
+            match wait_input(left.min(Duration::from_millis(100))) {
+                Input::None => continue,
+                // The terminal went away (its window closed without a
+                // SIGHUP reaching us): nothing to restore, nobody to show.
+                Input::HungUp => return Ok(0),
+                Input::Ready => {}
+            }
+            if !event::poll(Duration::ZERO)? {
                 continue;
             }
             match key(event::read()?) {

@@ -317,5 +317,46 @@ fn top_shows_the_iothreads_sorts_and_quits() {
     tmux.wait_gone();
     let exit = std::fs::read_to_string(server.control.with_extension("t.exit")).unwrap();
     assert_eq!(exit.trim(), "0", "vqblk top ended by SIGTERM");
+
+    // Its window goes away without a signal reaching it (the shell in the
+    // pane is killed, tmux closes the terminal): it must exit, not spin on
+    // the dead terminal (crossterm 0.29 loops there forever, a CPU at 100%).
+    let tmux = top_in_tmux("h", &server.control);
+    tmux.wait_for("EXPORT/QUEUE");
+    let top = format!(
+        "^{} top --control {} ",
+        env!("CARGO_BIN_EXE_vqblk"),
+        server.control.display()
+    );
+    // The pane's shell is top's parent.
+    let pid = Command::new("pgrep").args(["-f", &top]).output().unwrap();
+    let pid = String::from_utf8_lossy(&pid.stdout).trim().to_string();
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let ppid = stat
+        .rsplit(')')
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
+        .unwrap();
+    assert!(Command::new("kill")
+        .args(["-KILL", ppid])
+        .status()
+        .unwrap()
+        .success());
+    let t = Instant::now();
+    while Command::new("pgrep")
+        .args(["-f", &top])
+        .stdout(Stdio::null())
+        .status()
+        .unwrap()
+        .success()
+    {
+        if t.elapsed() > Duration::from_secs(10) {
+            let _ = Command::new("pkill").args(["-KILL", "-f", &top]).status();
+            panic!("vqblk top still runs 10 s after its terminal went away");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
     drop(c);
 }
