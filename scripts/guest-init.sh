@@ -55,6 +55,11 @@
 #                          checks that every sector holds "VQBLK-RD k=K s=S|" (the
 #                          host wrote them): data the device wrote into dd's buffer
 #                          and that reached a migration's destination stale fails
+#   vqblk.idloop=1         seqwrite mode: also read $SYS/serial over and over while
+#                          the writers run: each read is a GET_ID request, which the
+#                          daemon answers at once, so on a null export with
+#                          latency-ns it overtakes the writes in flight on the same
+#                          queue (completions out of ring order at a daemon kill)
 #   vqblk.compare=0        migrate mode: do not compare what is read back (null
 #                          backend: reads return zeroes)
 #   vqblk.debug=1          set -x
@@ -100,6 +105,7 @@ P_BLOCKS=64
 P_COMPARE=1
 P_READ_MIB=0
 P_READ_OFF_MIB=16
+P_IDLOOP=0
 
 # shellcheck disable=SC2013  # word splitting of the cmdline is what we want
 for arg in $(cat /proc/cmdline); do
@@ -125,6 +131,7 @@ for arg in $(cat /proc/cmdline); do
         vqblk.compare=*)            P_COMPARE=${arg#*=} ;;
         vqblk.read_mib=*)           P_READ_MIB=${arg#*=} ;;
         vqblk.read_off_mib=*)       P_READ_OFF_MIB=${arg#*=} ;;
+        vqblk.idloop=*)             P_IDLOOP=${arg#*=} ;;
     esac
 done
 [ "$P_DEBUG" = 1 ] && set -x
@@ -401,10 +408,28 @@ seqwrite)
         ) &
         w=$((w + 1))
     done
+    if [ "$P_IDLOOP" = 1 ]; then
+        (
+            ids=0; end=$(( $(cs) + P_SECONDS * 100 ))
+            while [ "$(cs)" -lt "$end" ]; do
+                read -r _ < "$SYS/serial"; ids=$(( ids + 1 ))
+            done
+            echo "$ids" > /tmp/ids
+        ) &
+    fi
+    # A write that never completes (lost at a daemon restart) hangs its
+    # writer: give up on it 60 s after the writing time instead of waiting
+    # for the watchdog.
+    hung_at=$(( $(cs) + P_SECONDS * 100 + 6000 ))
     w=0
     SJSON=
     while [ "$w" -lt "$P_WRITERS" ]; do
-        while [ ! -f /tmp/rc.$w ]; do sleep 0.2; done
+        while [ ! -f /tmp/rc.$w ] && [ "$(cs)" -lt "$hung_at" ]; do sleep 0.2; done
+        if [ ! -f /tmp/rc.$w ]; then
+            fail "writer $w: a write did not complete within 60s after the writing time (hung)"
+            w=$((w + 1))
+            continue
+        fi
         read -r rc n gap < /tmp/rc.$w
         [ "$rc" = 0 ] || fail "writer $w: write $n failed: $(tr '\n' ' ' < /tmp/dd.$w)"
         SJSON="$SJSON${SJSON:+,}{\"writer\":$w,\"writes\":$n,\"max_gap_cs\":$gap}"
@@ -412,6 +437,7 @@ seqwrite)
     done
     fact_raw seq "[$SJSON]"
     fact_num blocks "$P_BLOCKS"
+    [ -f /tmp/ids ] && fact_num get_ids "$(cat /tmp/ids)"
     log "seqwrite: finished at $(uptime_s)s"
     ;;
 migrate)
