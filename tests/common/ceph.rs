@@ -35,6 +35,7 @@ impl Cluster {
     /// Starts a cluster whose monitor listens on `mon_port` (distinct per test
     /// binary, so they can run at once).
     pub fn start(mon_port: u16) -> Cluster {
+        stop_orphans(mon_port);
         let dir =
             std::env::temp_dir().join(format!("vqblk-ceph-{mon_port}-{}", std::process::id()));
         let c = Cluster {
@@ -89,6 +90,38 @@ impl Cluster {
         e.ceph_op_timeout = Some(20);
         e.queues = queues;
         e
+    }
+}
+
+/// Stops the clusters an earlier run of a test binary on `mon_port` left
+/// behind when it was killed before its guard could (a debugger, a signal, a
+/// timeout): its monitor would hold the port and this run's cluster could not
+/// start. Such a cluster's directory names the pid of a process that is gone.
+fn stop_orphans(mon_port: u16) {
+    let prefix = format!("vqblk-ceph-{mon_port}-");
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix(&prefix)
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        eprintln!(
+            "stopping the cluster a killed test run left in {}",
+            e.path().display()
+        );
+        let _ = Command::new("timeout")
+            .args(["-k", "5", "60"])
+            .arg(script("stop.sh"))
+            .env("CEPH_DIR", e.path())
+            .status();
     }
 }
 

@@ -301,6 +301,21 @@ pub fn program(kind: ThreadKind, mismatch: SeccompAction) -> Result<BpfProgram, 
         }
         rules.insert(libc::SYS_ioctl, allowed);
     }
+    // fcntl, where a kind has no use for it, only as F_GETFD: Rust's std asks
+    // it of every fd an `OwnedFd` closes in debug builds (a double-close
+    // check), and an IOThread closes a detached queue's kick and call fds. It
+    // reads the close-on-exec flag and nothing else.
+    if let std::collections::btree_map::Entry::Vacant(e) = rules.entry(libc::SYS_fcntl) {
+        let getfd = SeccompCondition::new(
+            1,
+            SeccompCmpArgLen::Dword,
+            SeccompCmpOp::Eq,
+            libc::F_GETFD as u64,
+        )
+        .and_then(|c| SeccompRule::new(vec![c]))
+        .map_err(backend)?;
+        e.insert(vec![getfd]);
+    }
     let filter = SeccompFilter::new(rules, mismatch, SeccompAction::Allow, target_arch()?)
         .map_err(backend)?;
     filter.try_into().map_err(backend)
@@ -591,6 +606,29 @@ mod tests {
             (efd.read().unwrap(), ep, ring)
         });
         assert_eq!(ok, (1, true, true));
+    }
+
+    /// Rust's std, in debug builds, asks F_GETFD of every fd an `OwnedFd`
+    /// closes: an IOThread dropping a detached queue's eventfds must not be
+    /// stopped by its filter for that (the rbd test did, at 1aea53b). Other
+    /// fcntl commands stay refused.
+    #[test]
+    fn iothreads_and_workers_may_fcntl_getfd_only() {
+        for kind in [ThreadKind::IoThread, ThreadKind::Worker] {
+            let efd = vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK).unwrap();
+            let (getfd, setfl) = under_filter(kind, move || {
+                let fd = std::os::fd::AsRawFd::as_raw_fd(&efd);
+                // SAFETY: fcntl on an fd owned by `efd`, which outlives both calls.
+                let getfd = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+                // SAFETY: as above; refused by the filter before it runs.
+                let r = unsafe { libc::fcntl(fd, libc::F_SETFL, libc::O_NONBLOCK) };
+                let e = std::io::Error::last_os_error().raw_os_error();
+                drop(efd);
+                (getfd, (r, e))
+            });
+            assert!(getfd >= 0, "{kind:?}: F_GETFD refused");
+            assert_eq!(setfl, (-1, Some(libc::EPERM)), "{kind:?}: F_SETFL");
+        }
     }
 
     #[test]
