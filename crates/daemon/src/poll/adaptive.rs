@@ -39,14 +39,31 @@
 //!    less or not at all, so it keeps learning while polling is off. Polling with
 //!    window `T` saves `p * wakeup_ns` of wake-up latency per iteration and wastes
 //!    `(1 - p) * T` of CPU. It polls if
-//!    (a) `p * wakeup_ns >= (1 - p) * T`: polling pays for itself (the ski-rental
-//!    break-even: with `T = 12 us` it needs `p >= 0.44`, with `T = 32 us`
-//!    `p >= 0.68`); or
-//!    (b) `p * wakeup_ns > latency_budget_pct * cycle`: the wake-ups would cost more
-//!    than the IOPS budget (2% by default), `cycle` being the mean interval between
-//!    events (EWMA, samples capped at 1 ms); or
-//!    (c) the last two iterations were hits: re-arm at once, without waiting for
-//!    the average to climb back.
+//!    (a) `p * wakeup_ns >= (1 - p) * T * max(1, depth)`: polling pays for
+//!    itself (the ski-rental break-even: at depth 1, with `T = 12 us` it needs
+//!    `p >= 0.44`, with `T = 32 us` `p >= 0.68`). `depth` is defined under (b):
+//!    as shares, the wake-up saved is `wakeup / (depth * cycle)` of a request's
+//!    round trip and the CPU wasted `(1 - p) * T / cycle` of an event's, so
+//!    with 16 requests in flight a miss must be 16 times rarer to pay; or
+//!    (b) `p * wakeup_ns > latency_budget_pct * cycle * max(1, depth)`: the
+//!    wake-ups would cost more than the IOPS budget (2% by default) of a
+//!    request's round trip. `cycle` is the mean interval between events (EWMA,
+//!    samples capped at 1 ms) and `depth` the mean number of requests the backend
+//!    held while the thread waited (EWMA, fed by [`Adaptive::observe_in_flight`]):
+//!    by Little's law a request's round trip is `depth` cycles, and a wake-up
+//!    added to each completion of a pipeline `depth` deep costs
+//!    `wakeup / (depth * cycle)` of its IOPS, not `wakeup / cycle`. At queue depth
+//!    1, or with a backend that completes inline (null), this is the event
+//!    cycle; an RBD image at iodepth 16 (16 requests in flight, one completion
+//!    every 50-100 us) does not pay 15-25% more CPU per I/O for polling that buys
+//!    less than 1% of IOPS; or
+//!    (c) the last iterations were hits, at least two and a run less likely than
+//!    1/64 under the hit rate (as rule 4 judges a run of misses): re-arm at
+//!    once, without waiting for the average to climb back. After a change to
+//!    short intervals (`p` near 0) two hits do it, as before; where hits are
+//!    common but do not pay (an RBD image at iodepth 16, `p` about 0.6) a pair
+//!    of them is no news, and re-arming on every pair kept the gate open a
+//!    third of the time.
 //!    Rule (b) is what holds IOPS: when intervals straddle `poll-max-ns` it keeps
 //!    polling, and pays CPU for it, where both QEMU algorithms give up (the `mid`
 //!    trace of the simulation). `latency_budget_pct = 100` disables it and leaves a
@@ -86,6 +103,11 @@ const ODDS_ONE: u64 = 1 << 16;
 const ODDS_SURPRISE: u64 = ODDS_ONE / 64;
 /// Consecutive hits that re-open a closed adaptive gate.
 const REARM_HITS: u32 = 2;
+/// In-flight depth fixed point: 1 request == `DEPTH_ONE`.
+const DEPTH_ONE: u64 = 256;
+/// In-flight samples are capped (a queue is at most 32768 entries deep; the
+/// budget is already far above any wake-up at a few hundred).
+const DEPTH_SAMPLE_CAP: u64 = 1024;
 
 /// One source of the adaptive algorithm.
 #[derive(Debug, Clone, Copy, Default)]
@@ -136,6 +158,8 @@ pub(super) struct Adaptive {
     hit_rate: u32,
     /// Consecutive hits.
     hit_streak: u32,
+    /// Probability of the current run of hits under the hit rate (`ODDS_ONE` == 1.0).
+    streak_odds: u64,
     /// Consecutive misses.
     miss_streak: u32,
     /// Probability of the current run of misses under the hit rate (`ODDS_ONE` == 1.0).
@@ -144,6 +168,9 @@ pub(super) struct Adaptive {
     backoff: u32,
     /// EWMA of the interval between events of any source (capped samples).
     cycle_ns: u64,
+    /// EWMA of the requests the backend held at the start of each wait, fixed
+    /// point (`DEPTH_ONE` == 1 request).
+    depth: u64,
 }
 
 impl Adaptive {
@@ -154,10 +181,12 @@ impl Adaptive {
             target_ns: 0,
             hit_rate: RATE_ONE / 2,
             hit_streak: 0,
+            streak_odds: ODDS_ONE,
             miss_streak: 0,
             run_odds: ODDS_ONE,
             backoff: 0,
             cycle_ns: 0,
+            depth: 0,
         }
     }
 
@@ -191,6 +220,13 @@ impl Adaptive {
                 s.rhythm.observe(now_ns);
             }
         }
+    }
+
+    /// The backend holds `n` requests at the start of this wait: feeds the depth
+    /// that scales the IOPS budget (rule 3b).
+    pub(super) fn observe_in_flight(&mut self, n: u64) {
+        let x = n.min(DEPTH_SAMPLE_CAP) * DEPTH_ONE;
+        self.depth = ewma(self.depth, x, MEAN_SHIFT);
     }
 
     /// One iteration: `had_event[i]` says whether source `i` had work; `polled_ns`
@@ -242,12 +278,14 @@ impl Adaptive {
             + if hit { RATE_ONE >> RATE_SHIFT } else { 0 };
         if hit {
             self.hit_streak = self.hit_streak.saturating_add(1);
+            self.streak_odds = self.streak_odds * u64::from(self.hit_rate) / u64::from(RATE_ONE);
             self.miss_streak = 0;
             self.run_odds = ODDS_ONE;
             self.backoff = 0;
         } else {
             self.miss_streak = self.miss_streak.saturating_add(1);
             self.hit_streak = 0;
+            self.streak_odds = ODDS_ONE;
             // Odds of this run of misses if the hit rate were right.
             let miss_rate = u64::from(RATE_ONE - self.hit_rate);
             self.run_odds = self.run_odds * miss_rate / u64::from(RATE_ONE);
@@ -279,10 +317,17 @@ impl Adaptive {
         let p = u128::from(self.hit_rate);
         // Per iteration, scaled by RATE_ONE: wake-up latency that polling avoids,
         // CPU it burns on misses, and the latency the IOPS budget tolerates.
+        // A request's round trip: `depth` cycles (Little's law), at least one.
+        let depth = u128::from(self.depth.max(DEPTH_ONE));
         let saved = p * u128::from(knobs.wakeup_ns);
-        let wasted = (one - p) * u128::from(t);
-        let budget = one * u128::from(self.cycle_ns) * u128::from(knobs.latency_budget_pct) / 100;
-        let open = saved >= wasted || saved > budget || self.hit_streak >= REARM_HITS;
+        // Rule (a) in shares: the wake-up saved is `wakeup / (depth * cycle)` of
+        // a request's round trip, the CPU wasted `(1 - p) * T / cycle` of an
+        // event's; so the waste is weighed `depth` times.
+        let wasted = (one - p) * u128::from(t) * depth / u128::from(DEPTH_ONE);
+        let budget = one * u128::from(self.cycle_ns) * depth * u128::from(knobs.latency_budget_pct)
+            / (100 * u128::from(DEPTH_ONE));
+        let rearm = self.hit_streak >= REARM_HITS && self.streak_odds < ODDS_SURPRISE;
+        let open = saved >= wasted || saved > budget || rearm;
         if !open {
             return 0;
         }

@@ -184,9 +184,10 @@ pub struct AdaptiveParams {
     /// Consecutive misses always tolerated before the window may halve (default 3);
     /// it halves only once the run is also unlikely (below 1/64) given the hit rate.
     pub miss_limit: u32,
-    /// IOPS budget, in percent of the mean event interval: when the wake-ups that
-    /// polling would avoid add more latency than this, poll even if the CPU it
-    /// wastes exceeds the latency it saves (default 2).
+    /// IOPS budget, in percent of a request's round trip (the mean event interval
+    /// times the mean number of requests the backend holds, at least one): when
+    /// the wake-ups that polling would avoid add more latency than this, poll even
+    /// if the CPU it wastes exceeds the latency it saves (default 2).
     pub latency_budget_pct: u64,
 }
 
@@ -444,6 +445,16 @@ impl PollPolicy {
             Algorithm::Classic(c) => c.source_ns(source),
             Algorithm::Weighted(w) => w.source_ns(source),
             Algorithm::Adaptive(a) => a.source_ns(source, &self.adaptive, self.params.poll_max_ns),
+        }
+    }
+
+    /// Called once per event-loop iteration before it waits: the backend holds
+    /// `n` requests (submitted, not yet completed). The adaptive algorithm weighs
+    /// a wake-up against a request's round trip, `n` event intervals deep (see
+    /// `adaptive.rs`, rule 3b); other modes ignore it.
+    pub fn observe_in_flight(&mut self, n: usize) {
+        if let Algorithm::Adaptive(a) = &mut self.algo {
+            a.observe_in_flight(n as u64);
         }
     }
 

@@ -441,15 +441,22 @@ unsafe extern "C" fn on_complete(c: ffi::AioCompletion, arg: *mut c_void) {
         (0, Some(len)) => len,
         _ => r.clamp(i32::MIN as isize, i32::MAX as isize) as i32,
     };
-    {
+    let first = {
         let mut list = ctx.done.list.lock().unwrap_or_else(|e| e.into_inner());
         list.push(Completion {
             token: ctx.token,
             result,
         });
         ctx.done.ready.store(list.len(), Ordering::Release);
+        list.len() == 1
+    };
+    // Only the first result since the IOThread last reaped signals it: the
+    // ones queued after it are reaped with it (`reap` takes the whole list
+    // under the lock), so a burst of librbd callbacks costs one eventfd write
+    // and one wake-up, not one each.
+    if first {
+        let _ = ctx.done.efd.write(1);
     }
-    let _ = ctx.done.efd.write(1);
 }
 
 /// The RBD engine of one IOThread for one image.

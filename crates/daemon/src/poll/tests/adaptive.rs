@@ -262,3 +262,83 @@ fn adaptive_latency_budget_keeps_polling_when_sleeping_costs_iops() {
     );
     assert!(without.wasted_cpu_ns * 5 < with_budget.wasted_cpu_ns);
 }
+
+/// Runs `trace` through `p` as [`simulate`] does, the backend holding `depth`
+/// requests at each wait.
+fn simulate_at_depth(p: &mut PollPolicy, trace: &[u64], depth: usize) -> SimResult {
+    let mut total = SimResult::default();
+    for &t in trace {
+        p.observe_in_flight(depth);
+        let r = simulate(p, &[t]);
+        total.poll_cpu_ns += r.poll_cpu_ns;
+        total.wasted_cpu_ns += r.wasted_cpu_ns;
+        total.sleeps += r.sleeps;
+        total.hits += r.hits;
+        total.added_latency_ns += r.added_latency_ns;
+    }
+    total
+}
+
+#[test]
+fn adaptive_latency_budget_is_a_share_of_the_round_trip_not_of_one_interval() {
+    // The same trace as above. At depth 1 the wake-ups polling would avoid (30%
+    // of events, 15 us each) add ~11% to the event interval: the IOPS budget
+    // keeps polling. With 16 requests in flight (an RBD image at iodepth 16:
+    // completions every 20-60 us of a ~640 us round trip) they add ~0.7% to a
+    // request's round trip, and the CPU that polling wastes is not paid for.
+    let mut rng = Rng(5);
+    let trace: Vec<u64> = (0..5000).map(|_| rng.range(20_000, 60_000)).collect();
+    let pollable = trace.iter().filter(|&&t| t <= 32_768).count() as u64;
+    let mut p = adaptive();
+    let shallow = simulate_at_depth(&mut p, &trace, 1);
+    let mut p = adaptive();
+    let inline = simulate_at_depth(&mut p, &trace, 0);
+    assert_eq!(
+        (inline.hits, inline.wasted_cpu_ns),
+        (shallow.hits, shallow.wasted_cpu_ns),
+        "a backend completing inline is weighed as depth 1"
+    );
+    let mut p = adaptive();
+    let deep = simulate_at_depth(&mut p, &trace, 16);
+    assert!(shallow.hits * 100 >= pollable * 95, "{shallow:?}");
+    assert!(deep.hits * 100 <= pollable * 20, "{deep:?} of {pollable}");
+    assert!(
+        deep.wasted_cpu_ns * 5 < shallow.wasted_cpu_ns,
+        "{deep:?} vs {shallow:?}"
+    );
+}
+
+#[test]
+fn adaptive_break_even_weighs_a_saved_wake_up_against_the_round_trip() {
+    // 60% of events after 6-10 us, 40% after 300 us; the IOPS budget off, so
+    // only the ski-rental rule opens the gate. At depth 1 the wake-ups saved
+    // (0.6 x 15 us) outweigh the misses' waste (0.4 x ~12 us); with 16
+    // requests in flight a saved wake-up is 1/16 as much of a round trip.
+    let mut rng = Rng(11);
+    let trace: Vec<u64> = (0..5000)
+        .map(|_| {
+            if rng.range(0, 9) < 6 {
+                rng.range(6_000, 10_000)
+            } else {
+                300_000
+            }
+        })
+        .collect();
+    let cpu_first = AdaptiveParams {
+        latency_budget_pct: 100,
+        ..AdaptiveParams::default()
+    };
+    let mut p = adaptive().with_adaptive_params(cpu_first);
+    let shallow = simulate_at_depth(&mut p, &trace, 1);
+    let mut p = adaptive().with_adaptive_params(cpu_first);
+    let deep = simulate_at_depth(&mut p, &trace, 16);
+    let pollable = trace.iter().filter(|&&t| t <= 32_768).count() as u64;
+    assert!(
+        shallow.hits * 100 >= pollable * 80,
+        "{shallow:?} of {pollable}"
+    );
+    assert!(
+        deep.wasted_cpu_ns * 3 < shallow.wasted_cpu_ns,
+        "{deep:?} vs {shallow:?}"
+    );
+}
