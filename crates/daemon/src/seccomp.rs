@@ -7,7 +7,7 @@
 //! |---|---|---|
 //! | [`ThreadKind::Control`] | `vqblk-ctl<E>`: one export's vhost-user messages | accept, send and receive on unix sockets (with fds), map and check guest memory (`fstat`, `fcntl` for memfd seals), eventfds, create the inflight region (`memfd_create`, `ftruncate`) |
 //! | [`ThreadKind::Rpc`] | `vqblk-rpc`: the JSON-RPC control socket | the control set, plus what `export-add` / `export-del` take: open an image (`openat`, block-size ioctls), bind its socket (`socket`, `connect`, `bind`, `listen`, `chmod`, `mkdir`, `unlink`), start its thread (`clone3`...), `fdatasync` |
-//! | [`ThreadKind::IoThread`] | `vqblk-iot<N>` | epoll, io_uring, eventfds and timerfds, synchronous file I/O fallbacks |
+//! | [`ThreadKind::IoThread`] | `vqblk-iot<N>` | epoll, io_uring, eventfds and timerfds, synchronous file I/O fallbacks; `fcntl` only as F_GETFD (std asks it when a debug build closes an fd) |
 //! | [`ThreadKind::Worker`] | `vqblk-iot<N>-w<K>` (backend `threads`) | positional vectored I/O, `fallocate`, `fdatasync` |
 //! | [`ThreadKind::Metrics`] | `vqblk-metrics` and the HTTP server's threads it starts | accept and answer TCP connections on the listening socket it was given, start threads |
 //!
