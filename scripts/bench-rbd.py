@@ -81,10 +81,18 @@ def main():
         for rep in range(a.repeats):
             for rw in ("randread", "randwrite"):
                 for depth in depths:
-                    for name, target, pid in targets:
+                    # Each repeat starts the cell with another server: the
+                    # first run after a change of cell meets the OSD still
+                    # busy with the last one, which a fixed order charges to
+                    # the same server every time.
+                    k = rep % len(targets)
+                    for name, target, pid in targets[k:] + targets[:k]:
                         r = run_bench(target, depth, a.runtime, pid, rw=rw)
                         runs.setdefault((name, rw, depth), []).append(r)
                         cpu = f"  server CPU {r['server_cpu_us_per_io']:6.2f} us/IO" if pid else ""
+                        if pid:
+                            split = r["server_cpu_us_per_io_by_thread"]
+                            cpu += " (" + ", ".join(f"{n} {v:.1f}" for n, v in split.items()) + ")"
                         print(f"[{rep + 1}/{a.repeats}] {name:20} {rw:9} qd{depth:<3} {r['iops']:9.0f} IOPS"
                               f"  p99 {r['p99_us']:8.1f} us{cpu}", flush=True)
     finally:

@@ -15,6 +15,22 @@ VQBLK = os.path.join(ROOT, "target", "release", "vqblk")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
+def proc_thread_cpu_ticks(pid):
+    """utime+stime ticks of the live threads of pid, summed per thread name."""
+    out = {}
+    task_dir = f"/proc/{pid}/task"
+    for tid in os.listdir(task_dir):
+        try:
+            with open(f"{task_dir}/{tid}/stat") as f:
+                st = f.read()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        name = st[st.index("(") + 1:st.rindex(")")]
+        fields = st.rsplit(")", 1)[1].split()
+        out[name] = out.get(name, 0) + int(fields[11]) + int(fields[12])
+    return out
+
+
 def proc_cpu_seconds(pid):
     """utime+stime of every thread of pid, in seconds."""
     total = 0
@@ -86,6 +102,7 @@ def run_bench(target, iodepth, runtime, server_pid=None, rw="randread", numjobs=
             "--numjobs", str(numjobs), "--iodepth", str(iodepth), "--runtime", str(runtime), "--ramp_time", "1",
             "--time_based", "--size", "256M", "--group_reporting", "--output-format", "json", *extra]
     cpu0 = proc_cpu_seconds(server_pid) if server_pid else None
+    threads0 = proc_thread_cpu_ticks(server_pid) if server_pid else None
     t0 = time.time()
     for attempt in (1, 2):
         proc = subprocess.run(args, capture_output=True, text=True)
@@ -97,6 +114,7 @@ def run_bench(target, iodepth, runtime, server_pid=None, rw="randread", numjobs=
         # One retry: a run is minutes into a sweep; the failure is reported.
         print(f"warning: retrying once: {err}", file=sys.stderr, flush=True)
         cpu0 = proc_cpu_seconds(server_pid) if server_pid else None
+        threads0 = proc_thread_cpu_ticks(server_pid) if server_pid else None
         t0 = time.time()
     out = proc.stdout
     elapsed = time.time() - t0
@@ -133,12 +151,29 @@ def run_bench(target, iodepth, runtime, server_pid=None, rw="randread", numjobs=
         res["server_cpu_s"] = cpu1 - cpu0
         res["server_cpu_per_s"] = (cpu1 - cpu0) / elapsed
         res["server_cpu_us_per_io"] = (cpu1 - cpu0) / ios_all * 1e6 if ios_all else 0.0
+        # The same split by thread name (live threads only), to tell the
+        # server's own loop from its libraries' threads (librbd's messenger...).
+        threads1 = proc_thread_cpu_ticks(server_pid)
+        res["server_cpu_us_per_io_by_thread"] = {
+            name: (ticks - threads0.get(name, 0)) / CLK_TCK / ios_all * 1e6
+            for name, ticks in sorted(threads1.items(), key=lambda kv: -kv[1])
+            if ios_all and ticks > threads0.get(name, 0)
+        }
     return res
 
 
 def median_of(runs):
-    keys = runs[0].keys()
-    return {k: statistics.median(r[k] for r in runs) for k in keys}
+    """Per key, the median over the runs; a dict value (a split by thread)
+    gets the median of each of its keys over the runs that have it."""
+    out = {}
+    for k, v in runs[0].items():
+        if isinstance(v, dict):
+            names = {n for r in runs for n in r.get(k, {})}
+            out[k] = {n: statistics.median(r[k][n] for r in runs if n in r.get(k, {}))
+                      for n in sorted(names)}
+        else:
+            out[k] = statistics.median(r[k] for r in runs)
+    return out
 
 
 def make_image(path, size_mib=512):

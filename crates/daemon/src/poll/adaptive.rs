@@ -22,7 +22,9 @@
 //!    RFC 6298), plus a decaying peak, `peak = max(x, peak - peak/256)`. A wait that
 //!    ended after a sleep includes the wake-up, so `wakeup_ns` is removed from it
 //!    (at most 3/4 of the wait, so that an overstated wake-up cannot shrink it to
-//!    nothing; and the interval was at least the window polled in vain).
+//!    nothing; and the interval was at least the window polled in vain). A
+//!    source whose last 32 events all came after more than `poll-max-ns` forgets
+//!    its estimate: its short intervals belonged to an earlier phase.
 //! 2. **Cover them, with a margin.** A source's cover is
 //!    `max(mean + max(mean * margin_pct / 100, 4 * dev), peak + peak / 8)`, capped by
 //!    `poll-max-ns`: 1.5x the mean when intervals are steady, the TCP-RTO-like
@@ -101,6 +103,9 @@ const ODDS_ONE: u64 = 1 << 16;
 /// A run of misses less likely than 1/64 under the hit rate means the workload
 /// changed: back off.
 const ODDS_SURPRISE: u64 = ODDS_ONE / 64;
+/// Consecutive events of a source, each after more than `poll-max-ns`, after
+/// which its short-interval estimate is forgotten.
+const FORGET_AFTER_LONG: u32 = 32;
 /// Consecutive hits that re-open a closed adaptive gate.
 const REARM_HITS: u32 = 2;
 /// In-flight depth fixed point: 1 request == `DEPTH_ONE`.
@@ -122,6 +127,9 @@ struct AdaptiveSource {
     idle_ns: u64,
     /// The timing of its events, for naps.
     rhythm: Rhythm,
+    /// Consecutive events of this source that came after more than
+    /// `poll-max-ns` of waiting.
+    long_run: u32,
 }
 
 impl AdaptiveSource {
@@ -261,7 +269,18 @@ impl Adaptive {
             if event {
                 s.idle_ns = 0;
                 if sample <= max {
+                    s.long_run = 0;
                     s.estimate_interval(sample);
+                } else {
+                    // Only short intervals are learnt, so a source whose events
+                    // all come late would keep the cover of an earlier phase
+                    // for ever (an RBD image's completions: every 30-60 us at
+                    // iodepth 16, every 300 us at iodepth 1, where the stale
+                    // cover had the thread poll 32 us in vain before each).
+                    s.long_run = s.long_run.saturating_add(1);
+                    if s.long_run >= FORGET_AFTER_LONG {
+                        (s.mean, s.dev, s.peak) = (0, 0, 0);
+                    }
                 }
             } else {
                 s.idle_ns = s.idle_ns.saturating_add(block_ns);

@@ -342,3 +342,37 @@ fn adaptive_break_even_weighs_a_saved_wake_up_against_the_round_trip() {
         "{deep:?} vs {shallow:?}"
     );
 }
+
+#[test]
+fn adaptive_forgets_a_source_whose_events_all_come_late_now() {
+    // An RBD image at iodepth 16 (completions every ~20 us, source 0), then at
+    // iodepth 1: completions every 300 us, each followed by the driver's kick
+    // (source 1) 25 us later. The completions' old cover must not keep the
+    // thread polling 32 us in vain before every completion.
+    let mut p = PollPolicy::new(PollMode::Adaptive, PollParams::default(), 2);
+    for _ in 0..500 {
+        p.observe_in_flight(16);
+        p.update(20_000, &[0], true);
+    }
+    assert!(p.source_poll_ns(0).unwrap() > 0);
+    let mut wasted = 0;
+    for i in 0..400 {
+        let (completion, t) = (i % 2 == 0, if i % 2 == 0 { 300_000 } else { 25_000 });
+        p.observe_in_flight(usize::from(completion));
+        let w = p.poll_ns();
+        let hit = t <= w;
+        if !hit {
+            wasted += w;
+        }
+        let block = if hit { t } else { t + WAKEUP_LATENCY_NS };
+        p.update(block, &[if completion { 0 } else { 1 }], hit);
+    }
+    assert_eq!(
+        p.source_poll_ns(0),
+        Some(0),
+        "the completions' cover is forgotten"
+    );
+    // It polls in vain before the first 32 completions only (~1 ms); without
+    // forgetting it did before each of the 200 (~6.4 ms).
+    assert!(wasted < 1_500_000, "wasted {wasted} ns polling");
+}
