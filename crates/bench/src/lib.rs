@@ -121,6 +121,10 @@ pub struct BenchArgs {
     /// Requests in flight per job thread.
     #[arg(long)]
     pub iodepth: Option<String>,
+    /// Requests queued before each submission (default 1: each as soon as it
+    /// is queued, as fio; 0 = iodepth).
+    #[arg(long = "iodepth_batch_submit", visible_alias = "iodepth_batch")]
+    pub iodepth_batch_submit: Option<String>,
     /// Measured run time (10, 10s, 500ms, 2m).
     #[arg(long)]
     pub runtime: Option<String>,
@@ -209,7 +213,7 @@ impl BenchArgs {
                 v.push((k.to_string(), Some(val.to_string())));
             }
         }
-        let fields: [(&str, &Option<String>); 25] = [
+        let fields: [(&str, &Option<String>); 26] = [
             ("target", &self.target),
             ("name", &self.name),
             ("ioengine", &self.ioengine),
@@ -223,6 +227,7 @@ impl BenchArgs {
             ("bs", &self.bs),
             ("numjobs", &self.numjobs),
             ("iodepth", &self.iodepth),
+            ("iodepth_batch_submit", &self.iodepth_batch_submit),
             ("runtime", &self.runtime),
             ("ramp_time", &self.ramp_time),
             ("time_based", &self.time_based),

@@ -175,6 +175,9 @@ fn job_options(j: &JobReport) -> Value {
     }
     put("bs", s.bs.to_string());
     put("iodepth", s.iodepth.to_string());
+    if s.iodepth_batch_submit != 1 {
+        put("iodepth_batch_submit", s.iodepth_batch_submit.to_string());
+    }
     put("numjobs", s.numjobs.to_string());
     if let Some(sz) = s.size {
         put("size", sz.to_string());

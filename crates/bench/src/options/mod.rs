@@ -281,6 +281,10 @@ pub struct JobSpec {
     pub numjobs: u32,
     /// Requests in flight per clone.
     pub iodepth: u32,
+    /// Requests queued before each submission (fio's `iodepth_batch_submit`,
+    /// alias `iodepth_batch`): 1, fio's default, submits each request as soon
+    /// as it is queued; 0 means `iodepth`.
+    pub iodepth_batch_submit: u32,
     /// Measured run time limit (after `ramp_time`).
     pub runtime: Option<Duration>,
     /// Warm-up time whose I/O is not counted.
@@ -442,6 +446,7 @@ impl Draft {
                 bs: 4096,
                 numjobs: 1,
                 iodepth: 1,
+                iodepth_batch_submit: 1,
                 runtime: None,
                 ramp_time: Duration::ZERO,
                 time_based: false,
@@ -525,6 +530,9 @@ impl Draft {
             }
             "numjobs" => s.numjobs = parse_u32(raw, need(raw, v)?, 1, 1024)?,
             "iodepth" => s.iodepth = parse_u32(raw, need(raw, v)?, 1, 65536)?,
+            "iodepth_batch_submit" | "iodepth_batch" => {
+                s.iodepth_batch_submit = parse_u32(raw, need(raw, v)?, 0, 65536)?
+            }
             _ => return Ok(false),
         }
         Ok(true)
@@ -609,6 +617,15 @@ impl Draft {
 }
 
 impl JobSpec {
+    /// Requests to queue before each submission: `iodepth_batch_submit`, with
+    /// 0 meaning `iodepth`, never more than `iodepth`.
+    pub fn submit_batch(&self) -> u32 {
+        match self.iodepth_batch_submit {
+            0 => self.iodepth,
+            n => n.min(self.iodepth),
+        }
+    }
+
     /// Builds a job from options applied in order (later ones override earlier ones).
     /// `default_name` is used when no `name=` option is present.
     pub fn from_options(default_name: &str, opts: &[RawOption]) -> Result<Self, OptionError> {

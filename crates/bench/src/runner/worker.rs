@@ -338,9 +338,13 @@ impl<'a, 'w> Worker<'a, 'w> {
         }
     }
 
-    /// Fills the queue up to `iodepth` and commits. False when the commit failed
-    /// (every request in flight is then counted as failed and the loop ends).
+    /// Fills the queue up to `iodepth`, submitting every `iodepth_batch_submit`
+    /// requests (fio's default, 1, submits each as soon as it is queued: a
+    /// server sees the first request while the rest are still being queued).
+    /// False when a submission failed (every request in flight is then counted
+    /// as failed and the loop ends).
     fn issue(&mut self, measuring: bool) -> bool {
+        let batch = self.w.spec.submit_batch().max(1) as usize;
         let t = Instant::now();
         while self.inflight < self.depth {
             let Some(off) = self.next_offset(measuring) else {
@@ -367,7 +371,15 @@ impl<'a, 'w> Worker<'a, 'w> {
             };
             self.newly.push(slot);
             self.inflight += 1;
+            if self.newly.len() >= batch && !self.submit() {
+                return false;
+            }
         }
+        self.submit()
+    }
+
+    /// Submits the requests queued since the last submission, if any.
+    fn submit(&mut self) -> bool {
         if self.newly.is_empty() {
             return true;
         }
@@ -472,6 +484,7 @@ impl<'a, 'w> Worker<'a, 'w> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::EngineError;
 
     fn spec(opts: &[(&str, &str)]) -> JobSpec {
         let mut o: Vec<_> = vec![("target".to_string(), Some("file:/x".to_string()))];
@@ -529,6 +542,82 @@ mod tests {
         assert_eq!(a.error.as_deref(), Some("first"));
         assert_eq!((a.io_errors, a.checked, a.read.total_ios), (2, 2, 2));
         assert_eq!(a.runtime, Duration::from_millis(5));
+    }
+
+    /// An engine that completes everything at once and records how many
+    /// requests each submission carried.
+    struct Recorder {
+        buf: Vec<u8>,
+        queued: Vec<usize>,
+        submissions: Vec<usize>,
+        in_device: Vec<usize>,
+    }
+
+    impl Engine for Recorder {
+        fn buffer(&mut self, _slot: usize) -> &mut [u8] {
+            &mut self.buf
+        }
+        fn queue(&mut self, slot: usize, _dir: Dir, _offset: u64) -> Result<(), EngineError> {
+            self.queued.push(slot);
+            Ok(())
+        }
+        fn commit(&mut self) -> Result<(), EngineError> {
+            self.submissions.push(self.queued.len());
+            self.in_device.append(&mut self.queued);
+            Ok(())
+        }
+        fn reap(&mut self, _min: usize, out: &mut Vec<Done>) -> Result<(), EngineError> {
+            out.extend(
+                self.in_device
+                    .drain(..)
+                    .map(|slot| Done { slot, result: 0 }),
+            );
+            Ok(())
+        }
+    }
+
+    /// The submissions of one untimed pass over 64 blocks.
+    fn submissions(opts: &[(&str, &str)]) -> Vec<usize> {
+        let s = spec(opts);
+        let mut e = Recorder {
+            buf: vec![0; 4096],
+            queued: Vec::new(),
+            submissions: Vec::new(),
+            in_device: Vec::new(),
+        };
+        let (counter, gate) = (Counter::default(), Gate::default());
+        gate.open(true);
+        let w = Work {
+            spec: &s,
+            region: Region {
+                start: 0,
+                len: 64 * 4096,
+                bs: 4096,
+            },
+            pass: Pass::Workload,
+            seed: 1,
+            verify_seed: 1,
+            counter: &counter,
+            gate: &gate,
+        };
+        let out = run_clone(&mut e, &w);
+        assert_eq!((out.read.total_ios, out.io_errors), (64, 0));
+        e.submissions
+    }
+
+    #[test]
+    fn each_request_is_submitted_as_soon_as_it_is_queued_by_default() {
+        // fio's iodepth_batch_submit=1: a server sees the first request of a
+        // refill while the client still queues the others.
+        let one = submissions(&[("iodepth", "16")]);
+        assert_eq!(one, vec![1; 64]);
+        let whole = submissions(&[("iodepth", "16"), ("iodepth_batch_submit", "0")]);
+        assert_eq!(whole, vec![16; 4]);
+        let four = submissions(&[("iodepth", "16"), ("iodepth_batch", "4")]);
+        assert_eq!(four, vec![4; 16]);
+        // Never more than iodepth at once.
+        let capped = submissions(&[("iodepth", "8"), ("iodepth_batch_submit", "32")]);
+        assert_eq!(capped, vec![8; 8]);
     }
 
     #[test]
