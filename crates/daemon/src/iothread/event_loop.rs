@@ -119,8 +119,10 @@ impl IoThread {
             self.commanded = false;
             let serving = self.serving();
             // The depth of the backend's pipeline weighs what a wake-up costs
-            // (adaptive: a request's round trip, not one event interval).
-            self.policy.observe_in_flight(self.queues.inflight());
+            // (adaptive: a request's round trip, not one event interval). The
+            // executor counts it; summing the queues' counts would walk every
+            // queue slot on every pass.
+            self.policy.observe_in_flight(self.executor.inflight());
             let window = if serving { self.policy.poll_ns() } else { 0 };
             self.stats.poll_window_ns.set(window.min(i64::MAX as u64));
             let t0 = Instant::now();

@@ -350,8 +350,8 @@ impl Executor {
         unsafe { engine.submit(inf.fd, inf.transfer.op(), token as u64) }
     }
 
-    /// Requests in flight on a backend.
-    #[cfg(test)]
+    /// Requests in flight on a backend (submitted, not yet reaped): O(1),
+    /// read by the event loop before every wait for the polling policy.
     pub fn inflight(&self) -> usize {
         self.inflight.len() - self.free.len()
     }

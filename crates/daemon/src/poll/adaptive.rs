@@ -231,7 +231,7 @@ impl Adaptive {
     }
 
     /// The backend holds `n` requests at the start of this wait: feeds the depth
-    /// that scales the IOPS budget (rule 3b).
+    /// that scales the break-even and the IOPS budget (rules 3a and 3b).
     pub(super) fn observe_in_flight(&mut self, n: u64) {
         let x = n.min(DEPTH_SAMPLE_CAP) * DEPTH_ONE;
         self.depth = ewma(self.depth, x, MEAN_SHIFT);

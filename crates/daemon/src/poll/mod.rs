@@ -451,7 +451,7 @@ impl PollPolicy {
     /// Called once per event-loop iteration before it waits: the backend holds
     /// `n` requests (submitted, not yet completed). The adaptive algorithm weighs
     /// a wake-up against a request's round trip, `n` event intervals deep (see
-    /// `adaptive.rs`, rule 3b); other modes ignore it.
+    /// `adaptive.rs`, rules 3a and 3b); other modes ignore it.
     pub fn observe_in_flight(&mut self, n: usize) {
         if let Algorithm::Adaptive(a) = &mut self.algo {
             a.observe_in_flight(n as u64);
