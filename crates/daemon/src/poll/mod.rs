@@ -47,7 +47,7 @@ use serde::Deserialize;
 use adaptive::Adaptive;
 use classic::{Classic, Weighted};
 use nap::NapTiming;
-pub use sim::{simulate, SimResult};
+pub use sim::{simulate, simulate_events, SimEvent, SimResult};
 
 /// First step of a classic window that grows from 0 (QEMU: "start polling at 4
 /// microseconds").

@@ -1,7 +1,8 @@
 //! Trace-driven simulation of the polling policies, and the reference traces they
 //! are compared on.
 //!
-//! [`simulate`] feeds a policy one event per iteration on source 0. With window `W`
+//! [`simulate`] feeds a policy one event per iteration on source 0 ([`simulate_events`]:
+//! on any source, with the requests in flight at each wait). With window `W`
 //! and the event arriving `t` ns after the wait starts: if `t <= W` it is a polling
 //! hit (`t` of polling CPU, `block_ns = t`); otherwise the loop polls `W` in vain,
 //! sleeps, and finds the event [`WAKEUP_LATENCY_NS`] late (`block_ns = t + 15 us`).
@@ -44,28 +45,57 @@ impl SimResult {
     }
 }
 
+/// One event of a simulated trace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SimEvent {
+    /// Time from the start of the wait until the event.
+    pub interval_ns: u64,
+    /// The source that has it.
+    pub source: usize,
+    /// Requests the backend holds while the thread waits for it
+    /// ([`PollPolicy::observe_in_flight`]).
+    pub in_flight: usize,
+}
+
 /// Replays a trace through `policy`: each entry is the time from the start of a wait
-/// until the next event (on source 0). If it fits in the current window it is a
-/// polling hit costing that much CPU; otherwise the whole window is polled in vain and
-/// the event is found [`WAKEUP_LATENCY_NS`] late, after a sleep. A policy without
-/// sources is given one.
+/// until the next event (on source 0, nothing in flight). If it fits in the current
+/// window it is a polling hit costing that much CPU; otherwise the whole window is
+/// polled in vain and the event is found [`WAKEUP_LATENCY_NS`] late, after a sleep.
+/// A policy without sources is given one.
 pub fn simulate(policy: &mut PollPolicy, intervals_ns: &[u64]) -> SimResult {
     if policy.num_sources() == 0 {
         policy.set_num_sources(1);
     }
+    simulate_events(
+        policy,
+        intervals_ns.iter().map(|&t| SimEvent {
+            interval_ns: t,
+            source: 0,
+            in_flight: 0,
+        }),
+    )
+}
+
+/// [`simulate`] for events on any of the policy's sources, each wait started
+/// with the event's `in_flight` handed to the policy, as the event loop does.
+pub fn simulate_events(
+    policy: &mut PollPolicy,
+    events: impl IntoIterator<Item = SimEvent>,
+) -> SimResult {
     let mut r = SimResult::default();
-    for &t in intervals_ns {
-        let w = policy.poll_ns();
+    for e in events {
+        policy.observe_in_flight(e.in_flight);
+        let (t, w) = (e.interval_ns, policy.poll_ns());
         if t <= w {
             r.hits += 1;
             r.poll_cpu_ns = r.poll_cpu_ns.saturating_add(t);
-            policy.update(t, &[0], true);
+            policy.update(t, &[e.source], true);
         } else {
             r.sleeps += 1;
             r.poll_cpu_ns = r.poll_cpu_ns.saturating_add(w);
             r.wasted_cpu_ns = r.wasted_cpu_ns.saturating_add(w);
             r.added_latency_ns = r.added_latency_ns.saturating_add(WAKEUP_LATENCY_NS);
-            policy.update(t.saturating_add(WAKEUP_LATENCY_NS), &[0], false);
+            policy.update(t.saturating_add(WAKEUP_LATENCY_NS), &[e.source], false);
         }
     }
     r

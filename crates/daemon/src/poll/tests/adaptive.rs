@@ -266,17 +266,14 @@ fn adaptive_latency_budget_keeps_polling_when_sleeping_costs_iops() {
 /// Runs `trace` through `p` as [`simulate`] does, the backend holding `depth`
 /// requests at each wait.
 fn simulate_at_depth(p: &mut PollPolicy, trace: &[u64], depth: usize) -> SimResult {
-    let mut total = SimResult::default();
-    for &t in trace {
-        p.observe_in_flight(depth);
-        let r = simulate(p, &[t]);
-        total.poll_cpu_ns += r.poll_cpu_ns;
-        total.wasted_cpu_ns += r.wasted_cpu_ns;
-        total.sleeps += r.sleeps;
-        total.hits += r.hits;
-        total.added_latency_ns += r.added_latency_ns;
-    }
-    total
+    simulate_events(
+        p,
+        trace.iter().map(|&t| SimEvent {
+            interval_ns: t,
+            source: 0,
+            in_flight: depth,
+        }),
+    )
 }
 
 #[test]
@@ -355,18 +352,15 @@ fn adaptive_forgets_a_source_whose_events_all_come_late_now() {
         p.update(20_000, &[0], true);
     }
     assert!(p.source_poll_ns(0).unwrap() > 0);
-    let mut wasted = 0;
-    for i in 0..400 {
-        let (completion, t) = (i % 2 == 0, if i % 2 == 0 { 300_000 } else { 25_000 });
-        p.observe_in_flight(usize::from(completion));
-        let w = p.poll_ns();
-        let hit = t <= w;
-        if !hit {
-            wasted += w;
+    let alternating = (0..400).map(|i| {
+        let completion = i % 2 == 0;
+        SimEvent {
+            interval_ns: if completion { 300_000 } else { 25_000 },
+            source: usize::from(!completion),
+            in_flight: usize::from(completion),
         }
-        let block = if hit { t } else { t + WAKEUP_LATENCY_NS };
-        p.update(block, &[if completion { 0 } else { 1 }], hit);
-    }
+    });
+    let wasted = simulate_events(&mut p, alternating).wasted_cpu_ns;
     assert_eq!(
         p.source_poll_ns(0),
         Some(0),
