@@ -25,6 +25,8 @@ def proc_thread_cpu_ticks(pid):
                 st = f.read()
         except (FileNotFoundError, ProcessLookupError):
             continue
+        if ")" not in st:
+            continue
         name = st[st.index("(") + 1:st.rindex(")")]
         fields = st.rsplit(")", 1)[1].split()
         out[name] = out.get(name, 0) + int(fields[11]) + int(fields[12])
@@ -33,15 +35,7 @@ def proc_thread_cpu_ticks(pid):
 
 def proc_cpu_seconds(pid):
     """utime+stime of every thread of pid, in seconds."""
-    total = 0
-    task_dir = f"/proc/{pid}/task"
-    for tid in os.listdir(task_dir):
-        try:
-            with open(f"{task_dir}/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-        except (FileNotFoundError, ProcessLookupError, IndexError):
-            pass
+    total = sum(proc_thread_cpu_ticks(pid).values())
     # Threads that exited are accounted in the process-wide counters.
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()

@@ -117,20 +117,21 @@ fn stop_orphans(mon_port: u16) {
             "stopping the cluster a killed test run left in {}",
             e.path().display()
         );
-        let _ = Command::new("timeout")
-            .args(["-k", "5", "60"])
-            .arg(script("stop.sh"))
-            .env("CEPH_DIR", e.path())
-            .status();
+        stop(&e.path());
     }
+}
+
+/// Stops and wipes the cluster in `dir` (scripts/ceph/stop.sh, bounded).
+fn stop(dir: &Path) {
+    let _ = Command::new("timeout")
+        .args(["-k", "5", "60"])
+        .arg(script("stop.sh"))
+        .env("CEPH_DIR", dir)
+        .status();
 }
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        let _ = Command::new("timeout")
-            .args(["-k", "5", "60"])
-            .arg(script("stop.sh"))
-            .env("CEPH_DIR", &self.dir)
-            .status();
+        stop(&self.dir);
     }
 }

@@ -290,31 +290,27 @@ pub fn program(kind: ThreadKind, mismatch: SeccompAction) -> Result<BpfProgram, 
         ],
         _ => vec![],
     };
-    if !ioctls.is_empty() {
-        let mut allowed = Vec::new();
-        for nr in ioctls {
-            allowed.push(
-                SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, nr)
+    // A call allowed only when its second argument (the ioctl request, the
+    // fcntl command) is one of `values`.
+    let second_arg_in = |values: &[u64]| -> Result<Vec<SeccompRule>, SeccompError> {
+        values
+            .iter()
+            .map(|&v| {
+                SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, v)
                     .and_then(|c| SeccompRule::new(vec![c]))
-                    .map_err(backend)?,
-            );
-        }
-        rules.insert(libc::SYS_ioctl, allowed);
+                    .map_err(backend)
+            })
+            .collect()
+    };
+    if !ioctls.is_empty() {
+        rules.insert(libc::SYS_ioctl, second_arg_in(&ioctls)?);
     }
     // fcntl, where a kind has no use for it, only as F_GETFD: Rust's std asks
     // it of every fd an `OwnedFd` closes in debug builds (a double-close
     // check), and an IOThread closes a detached queue's kick and call fds. It
     // reads the close-on-exec flag and nothing else.
     if let std::collections::btree_map::Entry::Vacant(e) = rules.entry(libc::SYS_fcntl) {
-        let getfd = SeccompCondition::new(
-            1,
-            SeccompCmpArgLen::Dword,
-            SeccompCmpOp::Eq,
-            libc::F_GETFD as u64,
-        )
-        .and_then(|c| SeccompRule::new(vec![c]))
-        .map_err(backend)?;
-        e.insert(vec![getfd]);
+        e.insert(second_arg_in(&[libc::F_GETFD as u64])?);
     }
     let filter = SeccompFilter::new(rules, mismatch, SeccompAction::Allow, target_arch()?)
         .map_err(backend)?;

@@ -344,7 +344,7 @@ impl<'a, 'w> Worker<'a, 'w> {
     /// False when a submission failed (every request in flight is then counted
     /// as failed and the loop ends).
     fn issue(&mut self, measuring: bool) -> bool {
-        let batch = self.w.spec.submit_batch().max(1) as usize;
+        let batch = self.w.spec.submit_batch() as usize;
         let t = Instant::now();
         while self.inflight < self.depth {
             let Some(off) = self.next_offset(measuring) else {
