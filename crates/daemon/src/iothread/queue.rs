@@ -32,6 +32,25 @@ use crate::virtio::status;
 /// pass, so the budget costs nothing until a queue floods.
 pub const POP_BUDGET: usize = 32;
 
+/// Requests after which a pass hands back what is already finished (issue
+/// 16): with requests done by the time they are popped (the null backend,
+/// device-model answers, errors), a queue's pass publishes them after this
+/// many pops and calls if the driver asked, then pops on. The libblkio driver (and a guest's) submits
+/// one request at a time and looks at its used ring right after: publishing
+/// only at the end of a long pass makes it find the ring empty, arm
+/// `used_event` and sleep, and a driver that sleeps is woken only after the
+/// whole batch. Handing back every 4 keeps completions in front of an awake
+/// driver and overlaps a sleeping one's wake-up (~10 us in a VM) with the
+/// rest of the batch. The pass goes on after each hand-back, within
+/// [`POP_BUDGET`] (ending the pass instead, a trip through the event loop
+/// per 4 requests, cost a polling client at QD16 ~10%). Null QD16, `vqblk bench` blocking
+/// client, 4 interleaved rounds: server on CPU 1 and client on CPU 0 0.76M
+/// -> 1.33M IOPS, client sleeps per request 0.061 -> 0.035, p50 19 -> 9.4
+/// us; unpinned 0.83M -> 1.32M; polling client 1.94M -> 2.13M (noise).
+/// Requests still in a backend (io_uring, RBD) are not finished yet: those
+/// passes keep one submission per pass.
+pub const EARLY_HANDBACK: usize = 4;
+
 /// What [`QueueSlot::process`] left behind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Popped {
@@ -39,6 +58,10 @@ pub enum Popped {
     Drained,
     /// The pass's budget ran out with requests still available.
     More,
+    /// [`EARLY_HANDBACK`] requests were popped and finished work waits to be
+    /// published: publish (and call) now, then process the queue again
+    /// (inside [`Queues::process`] only).
+    HandBack,
 }
 
 /// Why a queue stops being served here, once its in-flight requests are done.
@@ -311,12 +334,12 @@ impl QueueSlot {
         exec: &mut Executor,
         rearm: bool,
         now: Instant,
+        mut budget: usize,
     ) -> Popped {
         if !self.active() {
             return Popped::Drained;
         }
         let mem = self.memory();
-        let mut budget = POP_BUDGET;
         if self.resubmit_pending() {
             self.resubmit(id, exec, &mem, &mut budget, now);
             if self.resubmit_pending() || self.broken {
@@ -345,9 +368,17 @@ impl QueueSlot {
                     return Popped::Drained;
                 }
             };
+            let mut popped = 0;
+            let mut early = false;
             while budget > 0 {
+                if popped == EARLY_HANDBACK && exec.has_completions() {
+                    // Hand back what is done now; the rest next pass.
+                    early = true;
+                    break;
+                }
                 let Some(chain) = avail.next() else { break };
                 budget -= 1;
+                popped += 1;
                 if chain.head_index() >= size {
                     let head = chain.head_index();
                     self.stop_ring(format_args!(
@@ -366,6 +397,9 @@ impl QueueSlot {
                 let parsed = request::parse(chain, &self.device.limits);
                 self.inflight += 1;
                 exec.execute(id, parsed, &mem, &self.device);
+            }
+            if early {
+                return Popped::HandBack;
             }
             if budget == 0 && self.has_avail(&mem) {
                 return Popped::More;
@@ -615,26 +649,54 @@ impl Queues {
     }
 
     /// Pops and executes the available requests of queue `id`, up to its
-    /// budget; counts a ring found broken and a budget used up.
+    /// budget for the pass, handing back finished requests every
+    /// [`EARLY_HANDBACK`] (published, and the driver called if it asked);
+    /// counts a ring found broken and a budget used up.
     pub fn process(&mut self, id: SlotId, exec: &mut Executor, rearm: bool) -> Popped {
+        let mut budget = POP_BUDGET;
+        loop {
+            let (popped, n) = self.process_some(id, exec, rearm, budget);
+            if popped != Popped::HandBack {
+                return popped;
+            }
+            // Early hand-back (see EARLY_HANDBACK): publish what is done,
+            // call if the driver asked, go on within the pass's budget.
+            self.deliver(exec);
+            self.notify_one(id);
+            budget -= n;
+            if budget == 0 {
+                self.stats.budget_exhausted.add(1);
+                return Popped::More;
+            }
+        }
+    }
+
+    /// [`QueueSlot::process`] within `budget`, counted; also how many it popped.
+    fn process_some(
+        &mut self,
+        id: SlotId,
+        exec: &mut Executor,
+        rearm: bool,
+        budget: usize,
+    ) -> (Popped, usize) {
         let now = self.now();
         let Some(q) = self.slots.get_mut(id.0).and_then(Option::as_mut) else {
-            return Popped::Drained;
+            return (Popped::Drained, 0);
         };
         let was_broken = q.broken();
         let inflight = q.inflight;
-        let popped = q.process(id, exec, rearm, now);
+        let popped = q.process(id, exec, rearm, now, budget);
         // Nothing finishes during `process`: the growth is what it popped.
-        let n = q.inflight.saturating_sub(inflight) as u64;
-        self.stats.popped.add(n);
-        q.counters.popped.add(n);
+        let n = q.inflight.saturating_sub(inflight);
+        self.stats.popped.add(n as u64);
+        q.counters.popped.add(n as u64);
         if !was_broken && q.broken() {
             self.stats.broken_rings.add(1);
         }
         if popped == Popped::More {
             self.stats.budget_exhausted.add(1);
         }
-        popped
+        (popped, n)
     }
 
     /// Finishes every request the executor is done with: the one place a
@@ -658,6 +720,13 @@ impl Queues {
             self.stats.used_batches.add(1);
         }
         self.finished = finished;
+    }
+
+    /// The notification of one queue, inside a pass (an early hand-back).
+    pub fn notify_one(&mut self, id: SlotId) {
+        if let Some(q) = self.slots.get_mut(id.0).and_then(Option::as_mut) {
+            q.notify_guest(&self.stats);
+        }
     }
 
     /// One notification per queue that finished something since the last
