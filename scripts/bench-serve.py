@@ -20,6 +20,7 @@ before/after tables; --servers picks a subset of the servers by name.
 Usage: scripts/bench-serve.py [--runtime 10] [--repeats 3] [--wait-mode block|loop]
                               [--backends null,file] [--depths 1,16] [--out results.json]
                               [--baseline BINARY] [--servers vqblk,qemu-storage-daemon,...]
+                              [--server-cpus 1] [--client-cpus 0]
 """
 import argparse
 import json
@@ -45,7 +46,11 @@ def main():
     ap.add_argument("--baseline", default=None, help="another vqblk binary to run as 'vqblk (baseline)'")
     ap.add_argument("--servers", default=None,
                     help="comma-separated server names to run (default: all of them)")
+    ap.add_argument("--server-cpus", default=None,
+                    help="taskset CPU list for every server (issue 16 pins the server to CPU 1)")
+    ap.add_argument("--client-cpus", default=None, help="taskset CPU list for the client")
     a = ap.parse_args()
+    sc = a.server_cpus
     backends = [b for b in a.backends.split(",") if b]
     depths = [int(d) for d in a.depths.split(",") if d]
     ensure_tools()
@@ -56,14 +61,14 @@ def main():
         return os.path.join(work, f"{server.replace(' ', '_')}-{backend}.stats.json")
 
     servers = [
-        ("vqblk", lambda b, i, s: start_vqblk(b, i, s, extra=["--stats-file", stats_file("vqblk", b)])),
+        ("vqblk", lambda b, i, s: start_vqblk(b, i, s, extra=["--stats-file", stats_file("vqblk", b)], cpus=sc)),
         ("vqblk --poll off", lambda b, i, s: start_vqblk(
-            b, i, s, extra=["--poll", "off", "--stats-file", stats_file("vqblk --poll off", b)])),
-        ("qemu-storage-daemon", start_qsd),
+            b, i, s, extra=["--poll", "off", "--stats-file", stats_file("vqblk --poll off", b)], cpus=sc)),
+        ("qemu-storage-daemon", lambda b, i, s: start_qsd(b, i, s, cpus=sc)),
     ]
     if a.baseline:
         servers.insert(1, ("vqblk (baseline)", lambda b, i, s: start_vqblk(
-            b, i, s, binary=a.baseline, extra=["--stats-file", stats_file("vqblk (baseline)", b)])))
+            b, i, s, binary=a.baseline, extra=["--stats-file", stats_file("vqblk (baseline)", b)], cpus=sc)))
     if a.servers:
         wanted = a.servers.split(",")
         servers = [s for s in servers if s[0] in wanted]
@@ -90,7 +95,7 @@ def main():
                 for depth in depths:
                     for name, target, pid in targets:
                         extra = ["--libblkio_wait_mode", a.wait_mode] + counters.get(name, [])
-                        r = run_bench(target, depth, a.runtime, pid, extra=extra)
+                        r = run_bench(target, depth, a.runtime, pid, extra=extra, cpus=a.client_cpus)
                         runs.setdefault((name, backend, depth), []).append(r)
                         cpu = f"  server CPU {r['server_cpu_us_per_io']:6.2f} us/IO" if pid else ""
                         if "calls_per_io" in r:

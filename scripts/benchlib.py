@@ -60,7 +60,13 @@ def null_latency(backend):
     return int(ns or 0) if name == "null" else None
 
 
-def start_vqblk(backend, image, sock, queues=1, iothreads=1, extra=(), binary=None, env=None):
+def pinned(args, cpus):
+    """`args` run under `taskset -c CPUS` (every thread of the process) when
+    cpus is given (e.g. "1"), as issue 16 pins the server."""
+    return ["taskset", "-c", cpus, *args] if cpus else list(args)
+
+
+def start_vqblk(backend, image, sock, queues=1, iothreads=1, extra=(), binary=None, env=None, cpus=None):
     args = [binary or VQBLK, "serve", "--socket", sock, "--queues", str(queues), "--iothreads", str(iothreads),
             "--log-level", "warn", *extra]
     latency = null_latency(backend)
@@ -70,10 +76,10 @@ def start_vqblk(backend, image, sock, queues=1, iothreads=1, extra=(), binary=No
             args += ["--latency-ns", str(latency)]
     else:
         args += ["--image", image, "--cache", "none"]
-    return subprocess.Popen(args, stdout=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+    return subprocess.Popen(pinned(args, cpus), stdout=subprocess.DEVNULL, env={**os.environ, **(env or {})})
 
 
-def start_qsd(backend, image, sock, queues=1, poll_max_ns=None):
+def start_qsd(backend, image, sock, queues=1, poll_max_ns=None, cpus=None):
     latency = null_latency(backend)
     if latency is not None:
         blockdev = "driver=null-co,node-name=disk,size=1073741824,read-zeroes=on"
@@ -88,10 +94,10 @@ def start_qsd(backend, image, sock, queues=1, poll_max_ns=None):
         "--export", f"type=vhost-user-blk,id=exp0,node-name=disk,addr.type=unix,addr.path={sock},"
                     f"writable=on,num-queues={queues},iothread=iot0",
     ]
-    return subprocess.Popen(args, stdout=subprocess.DEVNULL)
+    return subprocess.Popen(pinned(args, cpus), stdout=subprocess.DEVNULL)
 
 
-def run_bench(target, iodepth, runtime, server_pid=None, rw="randread", numjobs=1, bs="4k", extra=()):
+def run_bench(target, iodepth, runtime, server_pid=None, rw="randread", numjobs=1, bs="4k", extra=(), cpus=None):
     args = [VQBLK, "bench", "--name", "bench", "--target", target, "--rw", rw, "--bs", bs,
             "--numjobs", str(numjobs), "--iodepth", str(iodepth), "--runtime", str(runtime), "--ramp_time", "1",
             "--time_based", "--size", "256M", "--group_reporting", "--output-format", "json", *extra]
@@ -99,7 +105,7 @@ def run_bench(target, iodepth, runtime, server_pid=None, rw="randread", numjobs=
     threads0 = proc_thread_cpu_ticks(server_pid) if server_pid else None
     t0 = time.time()
     for attempt in (1, 2):
-        proc = subprocess.run(args, capture_output=True, text=True)
+        proc = subprocess.run(pinned(args, cpus), capture_output=True, text=True)
         if proc.returncode == 0:
             break
         err = f"{' '.join(args)}: exit {proc.returncode}: {proc.stderr.strip()}"
