@@ -260,13 +260,13 @@ pub struct IoThreadStats {
     /// entries) timed for the hand-back figures below.
     pub handback_samples: Counter,
     /// Over the sampled passes: ns from the pass starting to pop (the first
-    /// request's execution: a null request completes there) to its used
-    /// entries being published.
+    /// request's execution: a null request completes there) to its first
+    /// used-index publish (an early hand-back inside the pass, or its end).
     pub pop_to_publish_ns: Counter,
     /// Sampled passes that sent a call.
     pub call_samples: Counter,
-    /// Over the sampled passes that sent a call: ns from the publish to the
-    /// call eventfd write returning.
+    /// Over the sampled passes that sent a call: ns from that first publish
+    /// to the first call eventfd write returning.
     pub publish_to_call_ns: Counter,
     /// Time spent busy-polling, ns.
     pub poll_ns: Counter,

@@ -17,7 +17,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::executor::{Executor, SlotId};
 use super::queue::Popped;
-use super::queue::{QueueSlot, Queues, Release};
+use super::queue::{HandbackSample, QueueSlot, Queues, Release};
 use super::{Command, GuestMem, HandedOver, IoThreadSetup, QueueAttach, QueueKey};
 use crate::block::clock_ns;
 use crate::poll::{PollMode, PollPolicy};
@@ -207,24 +207,34 @@ impl IoThread {
                 .is_multiple_of(HANDBACK_SAMPLE_EVERY)
                 && (!ready.is_empty() || completed);
             let t_pop = sample.then(Instant::now);
-            let published = self.stats.used_publishes.get();
+            if sample {
+                // The first publish and the first call: an early hand-back
+                // inside the pass, or its end.
+                self.queues.sample_handback();
+            }
             for slot in ready.drain(..) {
                 self.process_queue(slot, rearm);
             }
             ready.append(&mut self.carried);
             self.complete_all();
-            let t_pub = (sample && self.stats.used_publishes.get() != published).then(Instant::now);
-            let calls = self.stats.notifications.get();
             self.finish_pass();
-            if let (Some(t_pop), Some(t_pub)) = (t_pop, t_pub) {
+            let timed = self.queues.take_handback_sample();
+            if let (
+                Some(t_pop),
+                Some(HandbackSample {
+                    publish: Some(t_pub),
+                    call,
+                }),
+            ) = (t_pop, timed)
+            {
                 self.stats.handback_samples.add(1);
                 let ns = t_pub.duration_since(t_pop).as_nanos() as u64;
                 self.stats.pop_to_publish_ns.add(ns);
-                if self.stats.notifications.get() != calls {
+                if let Some(t_call) = call {
                     self.stats.call_samples.add(1);
                     self.stats
                         .publish_to_call_ns
-                        .add(t_pub.elapsed().as_nanos() as u64);
+                        .add(t_call.saturating_duration_since(t_pub).as_nanos() as u64);
                 }
             }
         }
