@@ -39,7 +39,7 @@ use vm_memory::{GuestAddress, GuestMemoryAtomic};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vqblk_daemon::block::Disk;
 use vqblk_daemon::iothread::{
-    BlockDevice, Command, IoThreadHandle, IoThreadSetup, QueueAttach, QueueKey,
+    BlockDevice, Command, GuestMem, IoThreadHandle, IoThreadSetup, QueueAttach, QueueKey,
 };
 use vqblk_daemon::virtio::request::Limits;
 
@@ -277,7 +277,7 @@ fn run_case(e: &mut Engine, c: &QueueCase) -> Outcome {
         queue: q,
         kick: dup_file(&e.kick),
         call: Some(dup_file(&e.kick)),
-        mem: GuestMemoryAtomic::new(g.mem.clone()),
+        mem: GuestMemoryAtomic::new(GuestMem::from(g.mem.clone())),
         device,
         inflight: None,
         log: None,

@@ -21,6 +21,7 @@ mod alloc_count;
 mod error;
 mod event_loop;
 mod executor;
+mod guest_mem;
 mod queue;
 #[cfg(test)]
 mod tests;
@@ -36,7 +37,7 @@ use std::time::Duration;
 
 use log::{error, warn};
 use virtio_queue::Queue;
-use vm_memory::{GuestAddress, GuestMemoryAtomic, GuestMemoryMmap};
+use vm_memory::{GuestAddress, GuestMemoryAtomic};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
@@ -52,8 +53,7 @@ use crate::virtio::ID_BYTES;
 
 pub use error::ExecuteError;
 
-/// Guest memory as mapped by the daemon.
-pub type GuestMem = GuestMemoryMmap<()>;
+pub use guest_mem::GuestMem;
 /// The guest memory map shared by a connection and the IOThreads serving it;
 /// replaced (RCU-style) on SET_MEM_TABLE / ADD_MEM_REG / REM_MEM_REG.
 pub type GuestMemHandle = GuestMemoryAtomic<GuestMem>;
