@@ -35,20 +35,21 @@ pub const POP_BUDGET: usize = 32;
 /// Requests after which a pass hands back what is already finished (issue
 /// 16): with requests done by the time they are popped (the null backend,
 /// device-model answers, errors), a queue's pass publishes them after this
-/// many pops and calls if the driver asked, then pops on. The libblkio driver (and a guest's) submits
-/// one request at a time and looks at its used ring right after: publishing
-/// only at the end of a long pass makes it find the ring empty, arm
-/// `used_event` and sleep, and a driver that sleeps is woken only after the
-/// whole batch. Handing back every 4 keeps completions in front of an awake
-/// driver and overlaps a sleeping one's wake-up (~10 us in a VM) with the
-/// rest of the batch. The pass goes on after each hand-back, within
-/// [`POP_BUDGET`] (ending the pass instead, a trip through the event loop
-/// per 4 requests, cost a polling client at QD16 ~10%). Null QD16, `vqblk bench` blocking
-/// client, 4 interleaved rounds: server on CPU 1 and client on CPU 0 0.76M
-/// -> 1.33M IOPS, client sleeps per request 0.061 -> 0.035, p50 19 -> 9.4
-/// us; unpinned 0.83M -> 1.32M; polling client 1.94M -> 2.13M (noise).
-/// Requests still in a backend (io_uring, RBD) are not finished yet: those
-/// passes keep one submission per pass.
+/// many pops and calls if the driver asked, then pops on. The libblkio
+/// driver (and a guest's) submits one request at a time and looks at its
+/// used ring right after: publishing only at the end of a long pass makes
+/// it find the ring empty, arm `used_event` and sleep, and a driver that
+/// sleeps is woken only after the whole batch. Handing back every 4 keeps
+/// completions in front of an awake driver and overlaps a sleeping one's
+/// wake-up (~10 us in a VM) with the rest of the batch. The pass goes on
+/// after each hand-back, within [`POP_BUDGET`] (ending the pass instead, a
+/// trip through the event loop per 4 requests, cost a polling client at
+/// QD16 ~10%). Null QD16, `vqblk bench` blocking client, 4 interleaved
+/// rounds, server on CPU 1 and client on CPU 0: 0.76M -> 1.33M IOPS, client
+/// sleeps per request 0.061 -> 0.035, p50 19 -> 9.4 us; unpinned 0.83M ->
+/// 1.32M; polling client 1.94M -> 2.13M (noise). Requests still in a
+/// backend (io_uring, RBD) are not finished when popped: their passes keep
+/// one submission per pass.
 pub const EARLY_HANDBACK: usize = 4;
 
 /// What [`QueueSlot::process`] left behind.
@@ -372,7 +373,7 @@ impl QueueSlot {
             let mut early = false;
             while budget > 0 {
                 if popped == EARLY_HANDBACK && exec.has_completions() {
-                    // Hand back what is done now; the rest next pass.
+                    // Hand back what is done now; Queues::process pops on.
                     early = true;
                     break;
                 }
