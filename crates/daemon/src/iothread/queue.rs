@@ -47,9 +47,10 @@ pub const POP_BUDGET: usize = 32;
 /// QD16 ~10%). Null QD16, `vqblk bench` blocking client, 4 interleaved
 /// rounds, server on CPU 1 and client on CPU 0: 0.76M -> 1.33M IOPS, client
 /// sleeps per request 0.061 -> 0.035, p50 19 -> 9.4 us; unpinned 0.83M ->
-/// 1.32M; polling client 1.94M -> 2.13M (noise). Requests still in a
-/// backend (io_uring, RBD) are not finished when popped: their passes keep
-/// one submission per pass.
+/// 1.32M; polling client 1.94M -> 2.13M (noise). Requests in a backend
+/// (io_uring, RBD) are not finished when popped: their pass hands back only
+/// when completions of earlier requests are already waiting (the check is
+/// the executor's `has_completions`), otherwise it keeps one submission.
 pub const EARLY_HANDBACK: usize = 4;
 
 /// What [`QueueSlot::process`] left behind.
