@@ -16,8 +16,7 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::executor::{Executor, SlotId};
-use super::queue::Popped;
-use super::queue::{HandbackSample, QueueSlot, Queues, Release};
+use super::queue::{HandbackSample, Popped, QueueSlot, Queues, Release};
 use super::{Command, GuestMem, HandedOver, IoThreadSetup, QueueAttach, QueueKey};
 use crate::block::clock_ns;
 use crate::poll::{PollMode, PollPolicy};

@@ -511,10 +511,11 @@ impl QueueSlot {
     }
 
     /// Signals the guest if requests were finished since the last call and
-    /// the guest wants to hear about it (EVENT_IDX / NO_INTERRUPT).
-    fn notify_guest(&mut self, stats: &IoThreadStats) {
+    /// the guest wants to hear about it (EVENT_IDX / NO_INTERRUPT); true if
+    /// it did.
+    fn notify_guest(&mut self, stats: &IoThreadStats) -> bool {
         if !self.dirty {
-            return;
+            return false;
         }
         self.dirty = false;
         let mem = self.mem.memory();
@@ -523,6 +524,7 @@ impl QueueSlot {
                 if let Some(call) = &self.call {
                     let _ = (&*call).write(&1u64.to_ne_bytes());
                     stats.notifications.add(1);
+                    return true;
                 }
             }
             Ok(false) => stats.notifications_suppressed.add(1),
@@ -531,6 +533,7 @@ impl QueueSlot {
                 self.device.name, self.key.queue
             ),
         }
+        false
     }
 }
 
@@ -586,13 +589,10 @@ impl Queues {
         self.sample.take()
     }
 
-    /// Notes the time of the sampled pass's first call, if `calls` (the
-    /// count before notifying) moved.
-    fn note_call(&mut self, calls: u64) {
-        if let Some(HandbackSample { call: c @ None, .. }) = &mut self.sample {
-            if self.stats.notifications.get() != calls {
-                *c = Some(Instant::now());
-            }
+    /// Notes the time of the sampled pass's first call, if one was sent.
+    fn note_call(&mut self, called: bool) {
+        if let (true, Some(HandbackSample { call: c @ None, .. })) = (called, &mut self.sample) {
+            *c = Some(Instant::now());
         }
     }
 
@@ -766,22 +766,23 @@ impl Queues {
 
     /// The notification of one queue, inside a pass (an early hand-back).
     pub fn notify_one(&mut self, id: SlotId) {
-        let calls = self.stats.notifications.get();
-        if let Some(q) = self.slots.get_mut(id.0).and_then(Option::as_mut) {
-            q.notify_guest(&self.stats);
-        }
-        self.note_call(calls);
+        let called = self
+            .slots
+            .get_mut(id.0)
+            .and_then(Option::as_mut)
+            .is_some_and(|q| q.notify_guest(&self.stats));
+        self.note_call(called);
     }
 
     /// One notification per queue that finished something since the last
     /// call; the end of a pass (its clock is dropped).
     pub fn notify(&mut self) {
         self.clock = None;
-        let calls = self.stats.notifications.get();
+        let mut called = false;
         for q in self.slots.iter_mut().flatten() {
-            q.notify_guest(&self.stats);
+            called |= q.notify_guest(&self.stats);
         }
-        self.note_call(calls);
+        self.note_call(called);
     }
 }
 
