@@ -49,13 +49,6 @@ impl GuestMem {
         GuestMemoryMmap::from_regions(regions).map(GuestMem::new)
     }
 
-    /// Anonymous memory at the given ranges (tests).
-    pub fn from_ranges(
-        ranges: &[(GuestAddress, usize)],
-    ) -> Result<GuestMem, vm_memory::mmap::FromRangesError> {
-        GuestMemoryMmap::from_ranges(ranges).map(GuestMem::new)
-    }
-
     /// This map with `region` added (ADD_MEM_REG).
     pub fn insert_region(&self, region: Arc<Region>) -> Result<GuestMem, MapError> {
         self.regions.insert_region(region).map(GuestMem::new)
@@ -105,17 +98,19 @@ impl GuestMemoryBackend for GuestMem {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vm_memory::{Bytes, GuestMemoryRegion};
+    use vm_memory::Bytes;
 
     /// Three regions with holes between them, as a frontend maps RAM below
     /// and above a PCI hole.
     fn mem() -> GuestMem {
-        GuestMem::from_ranges(&[
-            (GuestAddress(0x1000), 0x1000),
-            (GuestAddress(0x4000), 0x2000),
-            (GuestAddress(0x1_0000), 0x1000),
-        ])
-        .unwrap()
+        GuestMem::from(
+            GuestMemoryMmap::from_ranges(&[
+                (GuestAddress(0x1000), 0x1000),
+                (GuestAddress(0x4000), 0x2000),
+                (GuestAddress(0x1_0000), 0x1000),
+            ])
+            .unwrap(),
+        )
     }
 
     #[test]

@@ -13,7 +13,7 @@ use virtio_bindings::bindings::virtio_ring::{
 };
 use virtio_queue::mock::MockSplitQueue;
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic, GuestMemoryMmap};
 
 use super::executor::{Executor, SlotId};
 use super::queue::{Popped, QueueSlot, Queues, EARLY_HANDBACK, POP_BUDGET};
@@ -102,7 +102,9 @@ impl Rig {
 
     /// A rig whose queue is tracked in an inflight region.
     fn tracked(kind: Kind, o: Opts, inflight: Option<InflightTracking>) -> Rig {
-        let mem = GuestMem::from_ranges(&[(GuestAddress(0), MEM_SIZE as usize)]).unwrap();
+        let mem = GuestMem::from(
+            GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE as usize)]).unwrap(),
+        );
         let vq = MockSplitQueue::new(&mem, QUEUE_SIZE);
         let mut queue: Queue = vq.create_queue().unwrap();
         // MockSplitQueue lays out the used ring 0x44 bytes after the avail
