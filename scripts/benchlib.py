@@ -33,14 +33,16 @@ def proc_thread_cpu_ticks(pid):
     return out
 
 
-def proc_cpu_seconds(pid):
-    """utime+stime of every thread of pid, in seconds."""
-    total = sum(proc_thread_cpu_ticks(pid).values())
+def proc_cpu(pid):
+    """utime+stime of pid in seconds (every thread, exited ones included),
+    and the live threads' ticks by name (proc_thread_cpu_ticks): one walk
+    over /proc/PID/task for both."""
+    threads = proc_thread_cpu_ticks(pid)
     # Threads that exited are accounted in the process-wide counters.
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     proc_total = int(fields[11]) + int(fields[12])
-    return max(total, proc_total) / CLK_TCK
+    return max(sum(threads.values()), proc_total) / CLK_TCK, threads
 
 
 def wait_socket(path, proc, timeout=20):
@@ -101,8 +103,7 @@ def run_bench(target, iodepth, runtime, server_pid=None, rw="randread", numjobs=
     args = [VQBLK, "bench", "--name", "bench", "--target", target, "--rw", rw, "--bs", bs,
             "--numjobs", str(numjobs), "--iodepth", str(iodepth), "--runtime", str(runtime), "--ramp_time", "1",
             "--time_based", "--size", "256M", "--group_reporting", "--output-format", "json", *extra]
-    cpu0 = proc_cpu_seconds(server_pid) if server_pid else None
-    threads0 = proc_thread_cpu_ticks(server_pid) if server_pid else None
+    cpu0, threads0 = proc_cpu(server_pid) if server_pid else (None, None)
     t0 = time.time()
     for attempt in (1, 2):
         proc = subprocess.run(pinned(args, cpus), capture_output=True, text=True)
@@ -113,12 +114,11 @@ def run_bench(target, iodepth, runtime, server_pid=None, rw="randread", numjobs=
             raise RuntimeError(err)
         # One retry: a run is minutes into a sweep; the failure is reported.
         print(f"warning: retrying once: {err}", file=sys.stderr, flush=True)
-        cpu0 = proc_cpu_seconds(server_pid) if server_pid else None
-        threads0 = proc_thread_cpu_ticks(server_pid) if server_pid else None
+        cpu0, threads0 = proc_cpu(server_pid) if server_pid else (None, None)
         t0 = time.time()
     out = proc.stdout
     elapsed = time.time() - t0
-    cpu1 = proc_cpu_seconds(server_pid) if server_pid else None
+    cpu1, threads1 = proc_cpu(server_pid) if server_pid else (None, None)
     j = json.loads(out)
     job = j["jobs"][0]
     r = job["read"] if job["read"]["total_ios"] else job["write"]
@@ -153,7 +153,6 @@ def run_bench(target, iodepth, runtime, server_pid=None, rw="randread", numjobs=
         res["server_cpu_us_per_io"] = (cpu1 - cpu0) / ios_all * 1e6 if ios_all else 0.0
         # The same split by thread name (live threads only), to tell the
         # server's own loop from its libraries' threads (librbd's messenger...).
-        threads1 = proc_thread_cpu_ticks(server_pid)
         res["server_cpu_us_per_io_by_thread"] = {
             name: (ticks - threads0.get(name, 0)) / CLK_TCK / ios_all * 1e6
             for name, ticks in sorted(threads1.items(), key=lambda kv: -kv[1])
