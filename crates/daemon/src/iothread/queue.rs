@@ -371,12 +371,10 @@ impl QueueSlot {
                 }
             };
             let mut popped = 0;
-            let mut early = false;
             while budget > 0 {
                 if popped == EARLY_HANDBACK && exec.has_completions() {
                     // Hand back what is done now; Queues::process pops on.
-                    early = true;
-                    break;
+                    return Popped::HandBack;
                 }
                 let Some(chain) = avail.next() else { break };
                 budget -= 1;
@@ -399,9 +397,6 @@ impl QueueSlot {
                 let parsed = request::parse(chain, &self.device.limits);
                 self.inflight += 1;
                 exec.execute(id, parsed, &mem, &self.device);
-            }
-            if early {
-                return Popped::HandBack;
             }
             if budget == 0 && self.has_avail(&mem) {
                 return Popped::More;
