@@ -5,12 +5,13 @@
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io::Write;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{fence, Ordering};
 use std::sync::mpsc::SyncSender;
 use std::sync::Arc;
 use std::time::Instant;
 
 use log::{debug, error, warn};
+use virtio_bindings::virtio_ring::VRING_AVAIL_F_NO_INTERRUPT;
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestAddressSpace};
 
@@ -508,13 +509,33 @@ impl QueueSlot {
     /// Signals the guest if requests were finished since the last call and
     /// the guest wants to hear about it (EVENT_IDX / NO_INTERRUPT); true if
     /// it did.
+    /// Whether the driver asked to hear about the used entries added since
+    /// the last call: its `used_event` (EVENT_IDX), or else a clear
+    /// VRING_AVAIL_F_NO_INTERRUPT in the avail ring's flags, which
+    /// virtio-queue does not look at (it would call after every publish).
+    /// A driver that sets the flag while it reaps (libblkio, Linux) then
+    /// gets a call only when it is about to wait.
+    fn wants_call(&mut self, mem: &GuestMem) -> Result<bool, virtio_queue::Error> {
+        if self.queue.event_idx_enabled() {
+            return self.queue.needs_notification(mem);
+        }
+        // The used index was stored before this load, in that order (a
+        // driver that clears the flag and then reads the used index sees
+        // our entries, or we see its clear flag: no lost wake-up).
+        fence(Ordering::SeqCst);
+        let flags: u16 = mem
+            .load(GuestAddress(self.queue.avail_ring()), Ordering::Acquire)
+            .map_err(virtio_queue::Error::GuestMemory)?;
+        Ok(u16::from_le(flags) & VRING_AVAIL_F_NO_INTERRUPT as u16 == 0)
+    }
+
     fn notify_guest(&mut self, stats: &IoThreadStats) -> bool {
         if !self.dirty {
             return false;
         }
         self.dirty = false;
         let mem = self.mem.memory();
-        match self.queue.needs_notification(&*mem) {
+        match self.wants_call(&mem) {
             Ok(true) => {
                 if let Some(call) = &self.call {
                     let _ = (&*call).write(&1u64.to_ne_bytes());

@@ -1078,6 +1078,24 @@ fn no_notification_without_finished_requests() {
 }
 
 #[test]
+fn no_call_while_the_driver_sets_no_interrupt() {
+    // Without EVENT_IDX a driver that reaps without waiting (libblkio,
+    // Linux between interrupts) sets VRING_AVAIL_F_NO_INTERRUPT: the device
+    // should not call. Once it clears the flag (about to wait) it is called.
+    let mut r = Rig::new(Kind::Null);
+    let flags = GuestAddress(r.avail);
+    r.mem.write_obj(1u16.to_le(), flags).unwrap();
+    let q = r.push(req_type::FLUSH, 0, &[]);
+    r.run_one(&q, 1, status::OK);
+    assert_eq!(r.stats.notifications.get(), 0);
+    assert_eq!(r.stats.notifications_suppressed.get(), 1);
+    r.mem.write_obj(0u16, flags).unwrap();
+    let q = r.push(req_type::FLUSH, 0, &[]);
+    r.run_one(&q, 1, status::OK);
+    assert_eq!(r.stats.notifications.get(), 1);
+}
+
+#[test]
 fn the_call_fd_is_written_on_notification() {
     use std::os::fd::{AsRawFd, FromRawFd};
     let mut r = Rig::new(Kind::Null);
