@@ -12,6 +12,7 @@
 mod common;
 
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use common::ceph::{show, Cluster};
 use common::*;
@@ -53,8 +54,9 @@ fn rbd_backend_on_a_real_cluster() {
     start_errors(&cluster);
     bench_native_librbd(&cluster);
     sweep_plan_on_rbd(&cluster);
-    // Last: it leaves the OSD unable to answer for a while.
+    // Last: they leave the OSD unable to answer for a while.
     unreachable_cluster_fails_requests(&cluster);
+    shutdown_with_a_silent_cluster(&cluster);
 }
 
 /// Several queues on two IOThreads write distinct patterns concurrently (many
@@ -278,15 +280,7 @@ fn unreachable_cluster_fails_requests(cluster: &Cluster) {
     let daemon = start(e, 1);
     let mut c = Client::connect(&daemon.sockets()[0], 1).unwrap();
     assert_eq!(c.read(0, 0, 0, 4096), 0);
-    let pid = std::fs::read_to_string(cluster.dir.join("run/osd.0.pid")).unwrap();
-    let signal = |sig: &str| {
-        let ok = Command::new("kill")
-            .args([sig, pid.trim()])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "kill {sig} {pid}");
-    };
+    let signal = |sig: &str| osd_signal(cluster, sig);
     signal("-STOP");
     let t = std::time::Instant::now();
     // Client::wait gives up (and fails) after 20 s: the timeout is 2 s.
@@ -308,6 +302,97 @@ fn unreachable_cluster_fails_requests(cluster: &Cluster) {
         .map(|q| q.errors)
         .sum();
     assert_eq!(errors, 1);
+}
+
+/// Sends `sig` (`-STOP`, `-CONT`) to the cluster's OSD.
+fn osd_signal(cluster: &Cluster, sig: &str) {
+    let pid = std::fs::read_to_string(cluster.dir.join("run/osd.0.pid")).unwrap();
+    let ok = Command::new("kill")
+        .args([sig, pid.trim()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill {sig} {pid}");
+}
+
+/// A SIGTERM while a request waits on a silent OSD: the drain would wait
+/// `ceph-op-timeout` (20 s here) and the flush and close as long again.
+/// `--shutdown-timeout 2` ends the process after 2 s (status 1, one line
+/// saying so); without it, a second SIGTERM does at once.
+fn shutdown_with_a_silent_cluster(cluster: &Cluster) {
+    for timeout in [Some("2"), None] {
+        let dir = scratch("rbd-shutdown");
+        let sock = dir.join("s.sock");
+        let log = dir.join("serve.log");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_vqblk"));
+        cmd.args(["serve", "--image", &format!("rbd:{IMAGE}"), "--ceph-conf"])
+            .arg(&cluster.conf)
+            .args(["--ceph-op-timeout", "20", "--socket"])
+            .arg(&sock)
+            .stderr(std::fs::File::create(&log).unwrap())
+            .stdout(std::process::Stdio::null());
+        if let Some(t) = timeout {
+            cmd.args(["--shutdown-timeout", t]);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let listening = (0..300).any(|_| {
+            std::thread::sleep(Duration::from_millis(50));
+            sock.exists()
+        });
+        assert!(
+            listening,
+            "no socket: {}",
+            std::fs::read_to_string(&log).unwrap()
+        );
+        let mut c = Client::connect(&sock, 1).unwrap();
+        assert_eq!(c.read(0, 0, 0, 4096), 0);
+        osd_signal(cluster, "-STOP");
+        // In flight (not waited for) when the signal comes.
+        let p = c.region.addr as *mut u8;
+        c.queues[0].read(1 << 20, p, 4096, 0, blkio::ReqFlags::empty());
+        let submitted = c.queues[0].do_io(&mut [], 0, None, None).unwrap();
+        assert_eq!(submitted, 0, "no completion asked for");
+        std::thread::sleep(Duration::from_millis(300));
+        let kill = |sig| {
+            // SAFETY: kill takes no pointer; the pid is our child's.
+            assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0);
+        };
+        kill(libc::SIGTERM);
+        let t = Instant::now();
+        if timeout.is_none() {
+            std::thread::sleep(Duration::from_secs(1));
+            kill(libc::SIGTERM);
+        }
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if t.elapsed() > Duration::from_secs(15) {
+                let _ = child.kill();
+                break child.wait().unwrap();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let waited = t.elapsed();
+        osd_signal(cluster, "-CONT");
+        drop(c);
+        let err = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(
+            status.code(),
+            Some(1),
+            "{timeout:?} after {waited:?}: {err}"
+        );
+        let (why, at_least) = match timeout {
+            Some(_) => ("after shutdown-timeout 2s", 2.0),
+            None => ("signal 15 during shutdown", 1.0),
+        };
+        assert!(err.contains(why), "{timeout:?}: {err}");
+        assert!(err.contains("shutdown: draining"), "{err}");
+        assert!(
+            (at_least..at_least + 3.0).contains(&waited.as_secs_f64()),
+            "{timeout:?}: exited after {waited:?}"
+        );
+    }
 }
 
 /// `vqblk bench`'s native librbd engine writes with checksums and reads back.

@@ -3,6 +3,7 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use clap::Args;
 use log::{error, info};
@@ -132,6 +133,13 @@ pub struct ServeArgs {
     /// `[metrics] listen` of --config.
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics: Option<String>,
+    /// Give a shutdown (SIGTERM, SIGINT) this many seconds in total, then exit
+    /// with status 1 without finishing it (a drain, flush or close waiting on
+    /// an unreachable Ceph cluster, say). Default: wait for every step. A
+    /// second SIGTERM or SIGINT exits at once. Overrides `shutdown-timeout`
+    /// of --config.
+    #[arg(long, value_name = "SECONDS")]
+    pub shutdown_timeout: Option<u64>,
 }
 
 impl ServeArgs {
@@ -245,6 +253,9 @@ impl ServeArgs {
         }
         if let Some(m) = &self.metrics {
             cfg.metrics = Some(crate::config::MetricsConfig { listen: m.clone() });
+        }
+        if let Some(t) = self.shutdown_timeout {
+            cfg.shutdown_timeout = Some(t);
         }
     }
 }
@@ -384,6 +395,7 @@ pub fn run_serve(args: ServeArgs) -> i32 {
     if let Err(e) = sd_notify::notify(&[sd_notify::NotifyState::Stopping]) {
         error!("sd_notify STOPPING=1: {e}");
     }
+    spawn_shutdown_watchdog(signals, cfg.shutdown_timeout.map(Duration::from_secs));
     if let Some(m) = metrics {
         m.stop();
     }
@@ -394,6 +406,49 @@ pub fn run_serve(args: ServeArgs) -> i32 {
     }
     write_stats(&args.stats_file, &stats);
     0
+}
+
+/// While the daemon shuts down: a second SIGTERM or SIGINT, or `timeout`
+/// passing, ends the process at once with status 1. Requests still in flight
+/// then were never completed to the guest: the frontend resubmits them (from
+/// its inflight region, or the guest's driver times out and retries), as
+/// after a crash; nothing acknowledged is lost with `cache none`.
+fn spawn_shutdown_watchdog(mut signals: signal_hook::iterator::Signals, timeout: Option<Duration>) {
+    let deadline = timeout.map(|t| (t, Instant::now() + t));
+    let spawned = std::thread::Builder::new()
+        .name("vqblk-shutdown".into())
+        .spawn(move || loop {
+            for sig in signals.pending() {
+                if sig != libc::SIGUSR1 {
+                    exit_now(format_args!(
+                        "signal {sig} during shutdown: exiting without finishing it"
+                    ));
+                }
+            }
+            if let Some((t, at)) = deadline {
+                if Instant::now() >= at {
+                    exit_now(format_args!(
+                        "shutdown not finished after shutdown-timeout {}s (the last \
+                         'shutdown:' line says where it waits): exiting without finishing it",
+                        t.as_secs()
+                    ));
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        });
+    if let Err(e) = spawned {
+        error!("shutdown watchdog: {e}: shutdown-timeout and a second signal are not honoured");
+    }
+}
+
+/// Logs `why` and ends the process with status 1, running no exit handler:
+/// other threads may be inside librbd or a blocking system call.
+fn exit_now(why: std::fmt::Arguments) -> ! {
+    error!("{why}");
+    log::logger().flush();
+    // SAFETY: _exit takes no pointer and never returns; skipping atexit
+    // handlers is the point (a library's could wait on a thread that hangs).
+    unsafe { libc::_exit(1) }
 }
 
 fn write_stats(path: &Option<PathBuf>, stats: &crate::stats::DaemonSnapshot) {
@@ -492,6 +547,10 @@ mod tests {
                 .starts_with("--latency-ns: at most")
         );
         assert!(with(&["--serial", "123456789012345678901"]).starts_with("--serial:"));
+        assert!(
+            config_err(&[&null[..], &["--shutdown-timeout", "0"]].concat())
+                .starts_with("--shutdown-timeout: 0 would give up at once")
+        );
     }
 
     #[test]

@@ -331,6 +331,11 @@ pub struct ServeConfig {
     /// The Prometheus metrics endpoint (`[metrics]`); none by default.
     #[serde(default)]
     pub metrics: Option<MetricsConfig>,
+    /// Seconds a shutdown (SIGTERM, SIGINT) may take in total before the
+    /// process exits without finishing it (`shutdown-timeout`); none by
+    /// default: every step (drain, flush, close) is waited for.
+    #[serde(default)]
+    pub shutdown_timeout: Option<u64>,
 }
 
 /// The `[control]` table: where the JSON-RPC control socket listens.
@@ -430,6 +435,12 @@ impl ServeConfig {
     pub fn validate(&self) -> Result<Vec<ExportPlan>, ConfigError> {
         if let Some(m) = &self.metrics {
             m.addr()?;
+        }
+        if self.shutdown_timeout == Some(0) {
+            return Err(ConfigError::new(
+                "shutdown-timeout",
+                "0 would give up at once; leave it out to wait for every step",
+            ));
         }
         let pool = self.iothreads.count;
         if pool == 0 || pool > MAX_IOTHREADS {
@@ -764,6 +775,24 @@ queues = 2
         assert_eq!(plans[1].size, Some(1 << 30));
         assert_eq!(plans[1].socket_mode, 0o600);
         assert_eq!(plans[1].map.to_string(), "0:0;1:1");
+    }
+
+    /// `shutdown-timeout` is a top-level key (before any table); 0 is named.
+    #[test]
+    fn shutdown_timeout_key() {
+        assert_eq!(
+            ServeConfig::from_toml(SAMPLE).unwrap().shutdown_timeout,
+            None
+        );
+        let c = ServeConfig::from_toml(&format!("shutdown-timeout = 50\n{SAMPLE}")).unwrap();
+        assert_eq!(c.shutdown_timeout, Some(50));
+        assert!(c.validate().is_ok());
+        let zero = format!("shutdown-timeout = 0\n{SAMPLE}");
+        assert!(
+            err_of(&zero).starts_with("shutdown-timeout: 0 would"),
+            "{}",
+            err_of(&zero)
+        );
     }
 
     /// `[control]`: the socket, mode 0600 unless told, a bad mode named, and

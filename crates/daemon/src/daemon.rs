@@ -503,6 +503,12 @@ impl Daemon {
             let _ = fs::remove_file(path);
         }
         let mut exports = std::mem::take(&mut *self.state.exports.lock().unwrap());
+        // One line per step, so that a stop that hangs (or is cut short by
+        // shutdown-timeout) says where.
+        info!(
+            "shutdown: draining the requests in flight of {} exports",
+            exports.len()
+        );
         for e in &exports {
             let _ = e.stop.write(1);
         }
@@ -512,6 +518,7 @@ impl Daemon {
         // Every connection is closed and drained and every control thread
         // (and the control socket's) has exited with its clone of the pool:
         // stop the IOThreads, so that no request can reach a disk after its fsync.
+        info!("shutdown: stopping the IOThreads");
         match Arc::get_mut(&mut self.state).and_then(|s| Arc::get_mut(&mut s.iothreads)) {
             Some(threads) => {
                 for t in threads.iter_mut() {
@@ -527,9 +534,12 @@ impl Daemon {
                 }
             }
         }
+        info!("shutdown: flushing the images");
         for e in &exports {
             e.finish();
         }
+        info!("shutdown: closing the images");
+        drop(exports);
     }
 }
 

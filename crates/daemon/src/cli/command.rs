@@ -91,6 +91,8 @@ pub struct ServeCommand {
     pub ceph_id: Option<String>,
     /// `--ceph-op-timeout SECONDS`: the rbd backend's request timeout.
     pub ceph_op_timeout: Option<u64>,
+    /// `--shutdown-timeout SECONDS`: how long a shutdown may take in total.
+    pub shutdown_timeout: Option<u64>,
 }
 
 /// The name clap gives a `ValueEnum` value on the command line.
@@ -148,6 +150,9 @@ impl ServeCommand {
         }
         if let Some(n) = self.ceph_op_timeout {
             flag("--ceph-op-timeout", text(&n));
+        }
+        if let Some(n) = self.shutdown_timeout {
+            flag("--shutdown-timeout", text(&n));
         }
         if let Some(c) = &self.cache {
             flag("--cache", value_name(c));

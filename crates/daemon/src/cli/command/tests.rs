@@ -59,6 +59,7 @@ fn back(a: ServeArgs) -> ServeCommand {
         ceph_conf,
         ceph_id,
         ceph_op_timeout,
+        shutdown_timeout,
     } = a;
     let bytes = |s: Option<String>| s.map(|s| crate::size::parse_size(&s).unwrap());
     ServeCommand {
@@ -103,6 +104,7 @@ fn back(a: ServeArgs) -> ServeCommand {
         ceph_conf,
         ceph_id,
         ceph_op_timeout,
+        shutdown_timeout,
     }
 }
 
@@ -163,6 +165,7 @@ fn full() -> ServeCommand {
         ceph_conf: Some("/etc/ceph/other.conf".into()),
         ceph_id: Some("vqblk".into()),
         ceph_op_timeout: Some(7),
+        shutdown_timeout: Some(50),
     }
 }
 
