@@ -331,12 +331,16 @@ impl IoThreadHandle {
             pending: pending.clone(),
         };
         let thread_stats = stats.clone();
+        // The handle is returned once the thread has its id in the counters:
+        // query-iothreads right after start names every thread.
+        let (started, has_tid) = std::sync::mpsc::sync_channel(1);
         let join = std::thread::Builder::new()
             .name(name.clone())
             .spawn(move || {
                 // SAFETY: gettid has no preconditions.
                 let tid = unsafe { libc::gettid() } as u64;
                 thread_stats.tid.store(tid, Ordering::Relaxed);
+                let _ = started.send(());
                 if let Some(cpus) = &setup.cpus {
                     pin_to(cpus);
                 }
@@ -352,6 +356,8 @@ impl IoThreadHandle {
                 }
                 t.run();
             })?;
+        // Err only if the thread ended before sending (it cannot panic first).
+        let _ = has_tid.recv();
         Ok(IoThreadHandle {
             index,
             stats,
