@@ -8,9 +8,10 @@ cache off in both: cache none / cache.direct=on), and drives each with the same
 libblkio client (`vqblk bench`, one job, 4k randread and randwrite, iodepth 1
 and 16), plus the same workload straight on the image through librbd
 (`vqblk bench --target rbd:POOL/IMAGE`, as fio's rbd engine). Runs are
-interleaved; prints medians of IOPS, p99 and the server's CPU per I/O (all of
-its threads, librbd's included). The OSD runs on the same host: its CPU is in
-no column. The cluster is stopped at the end, also on failure.
+interleaved; prints medians of IOPS, p99, the server's CPU per I/O (all of
+its threads, librbd's included) and the whole machine's CPU per I/O with how
+busy its CPUs were (the OSD runs on the same host: its CPU is only in that
+column; when the CPUs are all busy, IOPS follow it). The cluster is stopped at the end, also on failure.
 
 Usage: scripts/bench-rbd.py [--runtime 10] [--repeats 3] [--depths 1,16] [--out results.json]
 """
@@ -94,18 +95,20 @@ def main():
                             split = r["server_cpu_us_per_io_by_thread"]
                             cpu += " (" + ", ".join(f"{n} {v:.1f}" for n, v in split.items()) + ")"
                         print(f"[{rep + 1}/{a.repeats}] {name:20} {rw:9} qd{depth:<3} {r['iops']:9.0f} IOPS"
-                              f"  p99 {r['p99_us']:8.1f} us{cpu}", flush=True)
+                              f"  p99 {r['p99_us']:8.1f} us  machine {r['machine_cpu_us_per_io']:6.1f} us/IO"
+                              f" ({100 * r['machine_busy']:.0f}% busy){cpu}", flush=True)
     finally:
         for p, _ in procs.values():
             stop(p)
         subprocess.run(["timeout", "60", os.path.join(ceph, "stop.sh")], env=env, stdout=subprocess.DEVNULL)
     results = [{"server": n, "rw": rw, "iodepth": d, **median_of(rs), "runs": rs}
                for (n, rw, d), rs in runs.items()]
-    print("| server | rw | iodepth | IOPS | p99 (us) | server CPU (us/IO) |")
-    print("|---|---|---|---|---|---|")
+    print("| server | rw | iodepth | IOPS | p99 (us) | server CPU (us/IO) | machine CPU (us/IO, busy) |")
+    print("|---|---|---|---|---|---|---|")
     for r in sorted(results, key=lambda r: (r["rw"], r["iodepth"], r["server"])):
         cpu = f"{r['server_cpu_us_per_io']:.2f}" if "server_cpu_us_per_io" in r else "-"
-        print(f"| {r['server']} | {r['rw']} | {r['iodepth']} | {r['iops']:.0f} | {r['p99_us']:.1f} | {cpu} |")
+        print(f"| {r['server']} | {r['rw']} | {r['iodepth']} | {r['iops']:.0f} | {r['p99_us']:.1f} | {cpu} "
+              f"| {r['machine_cpu_us_per_io']:.1f} ({100 * r['machine_busy']:.0f}%) |")
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"versions": versions(), "runtime": a.runtime, "repeats": a.repeats,

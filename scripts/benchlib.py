@@ -45,6 +45,15 @@ def proc_cpu(pid):
     return max(sum(threads.values()), proc_total) / CLK_TCK, threads
 
 
+def machine_busy_ticks():
+    """(busy, total) clock ticks of every CPU since boot, from /proc/stat
+    (busy: all but idle and iowait)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    total = sum(fields[:8])  # guest time is already in user
+    return total - fields[3] - fields[4], total
+
+
 def wait_socket(path, proc, timeout=20):
     t = time.time()
     while not os.path.exists(path):
@@ -104,6 +113,7 @@ def run_bench(target, iodepth, runtime, server_pid=None, rw="randread", numjobs=
             "--numjobs", str(numjobs), "--iodepth", str(iodepth), "--runtime", str(runtime), "--ramp_time", "1",
             "--time_based", "--size", "256M", "--group_reporting", "--output-format", "json", *extra]
     cpu0, threads0 = proc_cpu(server_pid) if server_pid else (None, None)
+    busy0 = machine_busy_ticks()
     t0 = time.time()
     for attempt in (1, 2):
         proc = subprocess.run(pinned(args, cpus), capture_output=True, text=True)
@@ -115,10 +125,12 @@ def run_bench(target, iodepth, runtime, server_pid=None, rw="randread", numjobs=
         # One retry: a run is minutes into a sweep; the failure is reported.
         print(f"warning: retrying once: {err}", file=sys.stderr, flush=True)
         cpu0, threads0 = proc_cpu(server_pid) if server_pid else (None, None)
+        busy0 = machine_busy_ticks()
         t0 = time.time()
     out = proc.stdout
     elapsed = time.time() - t0
     cpu1, threads1 = proc_cpu(server_pid) if server_pid else (None, None)
+    busy1 = machine_busy_ticks()
     j = json.loads(out)
     job = j["jobs"][0]
     r = job["read"] if job["read"]["total_ios"] else job["write"]
@@ -144,6 +156,12 @@ def run_bench(target, iodepth, runtime, server_pid=None, rw="randread", numjobs=
             c = sum(t["call_samples"] for t in iots)
             res["pop_to_publish_ns"] = sum(t["pop_to_publish_ns"] for t in iots) / n if n else 0.0
             res["publish_to_call_ns"] = sum(t["publish_to_call_ns"] for t in iots) / c if c else 0.0
+    # Every CPU of the machine (client, server, and whatever else runs: the
+    # OSD of a local Ceph cluster) over the run, per I/O, and how busy the
+    # CPUs were: when they are all busy, IOPS follow this figure.
+    ios_run = r["iops"] * elapsed
+    res["machine_cpu_us_per_io"] = (busy1[0] - busy0[0]) / CLK_TCK / ios_run * 1e6 if ios_run else 0.0
+    res["machine_busy"] = (busy1[0] - busy0[0]) / (busy1[1] - busy0[1]) if busy1[1] > busy0[1] else 0.0
     if server_pid:
         # CPU over the whole client run (ramp included) divided by the I/Os of
         # the whole run: the ramp's I/Os are estimated at the measured rate.
