@@ -136,8 +136,8 @@ pub struct ServeArgs {
     /// Give a shutdown (SIGTERM, SIGINT) this many seconds in total, then exit
     /// with status 1 without finishing it (a drain, flush or close waiting on
     /// an unreachable Ceph cluster, say). Default: wait for every step. A
-    /// second SIGTERM or SIGINT exits at once. Overrides `shutdown-timeout`
-    /// of --config.
+    /// SIGINT during the shutdown (Ctrl-C again) exits at once. Overrides
+    /// `shutdown-timeout` of --config.
     #[arg(long, value_name = "SECONDS")]
     pub shutdown_timeout: Option<u64>,
 }
@@ -408,8 +408,8 @@ pub fn run_serve(args: ServeArgs) -> i32 {
     0
 }
 
-/// While the daemon shuts down: a second SIGTERM or SIGINT, or `timeout`
-/// passing, ends the process at once with status 1. Requests still in flight
+/// While the daemon shuts down: a SIGINT, or `timeout` passing, ends the
+/// process at once with status 1. Requests still in flight
 /// then were never completed to the guest: the frontend resubmits them (from
 /// its inflight region, or the guest's driver times out and retries), as
 /// after a crash; nothing acknowledged is lost with `cache none`.
@@ -419,10 +419,18 @@ fn spawn_shutdown_watchdog(mut signals: signal_hook::iterator::Signals, timeout:
         .name("vqblk-shutdown".into())
         .spawn(move || loop {
             for sig in signals.pending() {
-                if sig != libc::SIGUSR1 {
+                // A second Ctrl-C is someone at a terminal who will not wait.
+                // SIGTERM again (a supervisor repeating itself) does not cut
+                // a clean drain short.
+                if sig == libc::SIGINT {
                     exit_now(format_args!(
-                        "signal {sig} during shutdown: exiting without finishing it"
+                        "SIGINT during shutdown: exiting without finishing it"
                     ));
+                }
+                if sig == libc::SIGTERM {
+                    info!(
+                        "SIGTERM during shutdown: still shutting down (a SIGINT ends it at once)"
+                    );
                 }
             }
             if let Some((t, at)) = deadline {
