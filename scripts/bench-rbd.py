@@ -13,7 +13,18 @@ its threads, librbd's included) and the whole machine's CPU per I/O with how
 busy its CPUs were (the OSD runs on the same host: its CPU is only in that
 column; when the CPUs are all busy, IOPS follow it). The cluster is stopped at the end, also on failure.
 
-Usage: scripts/bench-rbd.py [--runtime 10] [--repeats 3] [--depths 1,16] [--out results.json]
+--client-option KEY=VALUE adds a librados/librbd setting to ceph.conf's
+[client] section, which every client reads (vqblk, qsd and the native runs
+alike), e.g. --client-option rbd_non_blocking_aio=false. --osd-option
+KEY=VALUE does the same for the OSD's [osd] section before it starts, e.g.
+the messenger's delay injection to stand for a cluster at a network's
+distance: --osd-option ms_inject_delay_type=client
+--osd-option ms_inject_delay_max=0.002 --osd-option ms_inject_delay_probability=1
+(each client message waits a random 0-2 ms before the OSD handles it).
+
+Usage: scripts/bench-rbd.py [--runtime 10] [--repeats 3] [--depths 1,16] [--rw randread,randwrite]
+                            [--client-option KEY=VALUE]... [--osd-option KEY=VALUE]...
+                            [--out results.json]
 """
 import argparse
 import json
@@ -34,15 +45,27 @@ def main():
     ap.add_argument("--runtime", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--depths", default="1,16", help="comma-separated iodepths")
+    ap.add_argument("--rw", default="randread,randwrite", help="comma-separated patterns")
+    ap.add_argument("--client-option", action="append", default=[], metavar="KEY=VALUE",
+                    help="a [client] setting in ceph.conf for every client; repeatable")
+    ap.add_argument("--osd-option", action="append", default=[], metavar="KEY=VALUE",
+                    help="an [osd] setting in ceph.conf, set before the OSD starts; repeatable")
     ap.add_argument("--out", default=None)
     ap.add_argument("--variant", action="append", default=[],
                     help="another vqblk server with extra flags, as LABEL:FLAGS "
                          "(e.g. 'poll-off:--poll off'); repeatable")
     a = ap.parse_args()
     depths = [int(d) for d in a.depths.split(",") if d]
+    patterns = [p for p in a.rw.split(",") if p]
+    for flag, opts in (("--client-option", a.client_option), ("--osd-option", a.osd_option)):
+        for o in opts:
+            if "=" not in o or not o.partition("=")[0].strip():
+                ap.error(f"{flag}: expected KEY=VALUE, got {o!r}")
     ensure_tools()
     work = tempfile.mkdtemp(prefix="bench-rbd-", dir=os.path.join(ROOT, "target"))
     env = dict(os.environ, CEPH_DIR=os.path.join(work, "ceph"), MON_PORT=MON_PORT)
+    env["OSD_EXTRA_CONF"] = "\n".join(" = ".join(p.strip() for p in o.partition("=")[::2])
+                                      for o in a.osd_option)
     conf = os.path.join(env["CEPH_DIR"], "ceph.conf")
     env["CEPH_CONF"] = conf
     os.environ["CEPH_CONF"] = conf  # for vqblk bench's native librbd runs
@@ -52,6 +75,14 @@ def main():
     try:
         subprocess.run(["timeout", "180", os.path.join(ceph, "start.sh")], env=env, check=True,
                        stdout=subprocess.DEVNULL)
+        if a.client_option:
+            # Read by librados in every client process; the cluster's own
+            # daemons read their [mon]/[osd] sections, not this one.
+            with open(conf, "a") as f:
+                f.write("\n[client]\n")
+                for o in a.client_option:
+                    k, _, v = o.partition("=")
+                    f.write(f"{k.strip()} = {v.strip()}\n")
         subprocess.run(["timeout", "60", "rbd", "create", "--size", "1G", IMAGE], env=env, check=True)
         # Write the whole image once, so reads hit data, not holes.
         subprocess.run([VQBLK, "bench", "--target", f"rbd:{IMAGE}", "--rw", "write", "--bs", "4m",
@@ -80,7 +111,7 @@ def main():
         targets = [(n, f"unix:{s}", p.pid) for n, (p, s) in procs.items()]
         targets.append(("native librbd", f"rbd:{IMAGE}", None))
         for rep in range(a.repeats):
-            for rw in ("randread", "randwrite"):
+            for rw in patterns:
                 for depth in depths:
                     # Each repeat starts the cell with another server: the
                     # first run after a change of cell meets the OSD still
@@ -112,7 +143,8 @@ def main():
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"versions": versions(), "runtime": a.runtime, "repeats": a.repeats,
-                       "results": results}, f, indent=2)
+                       "client_options": a.client_option,
+                       "osd_options": a.osd_option, "results": results}, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ MON_PORT=${MON_PORT:-3300}          # msgr2 port; msgr1 port = MON_PORT+1
 WITH_MGR=${WITH_MGR:-0}             # 1 = also start ceph-mgr (not needed for RBD I/O)
 OBJECTSTORE=${OBJECTSTORE:-memstore}  # memstore (RAM) | bluestore (sparse file created as $CEPH_DIR/osd.0/block)
 OSD_BYTES=${OSD_BYTES:-4294967296}    # advertised memstore capacity / bluestore file size
+OSD_EXTRA_CONF=${OSD_EXTRA_CONF:-}    # more lines for the [osd] section (KEY = VALUE, newline-separated)
 CONF=$CEPH_DIR/ceph.conf
 export CEPH_CONF=$CONF
 
@@ -92,6 +93,7 @@ bluestore fsck on mkfs = false
 osd memory target = 1073741824
 osd crush initial weight = 1
 osd crush update on start = true
+$OSD_EXTRA_CONF
 EOF
 step "wrote ceph.conf (fsid $FSID)"
 
