@@ -14,7 +14,10 @@
 //!   limits (seg_max, size_max, capacity, discard/write-zeroes maximums,
 //!   read-only) hold;
 //! - on `Rejected`, a status address, if any, is the last byte of a
-//!   device-writable descriptor of the chain (and none means `NoStatus`).
+//!   device-writable descriptor of the chain (and none means `NoStatus`);
+//! - `parse_head` over the IOThreads' `GuestMem` (their path: the daemon's own
+//!   chain walk and one-region accessors) gives the same result as `parse`
+//!   over the chain virtio_queue pops.
 //!
 //! Whether a buffer lies in guest memory is not the parser's business (the
 //! executor checks every segment before use and fails the request with
@@ -30,7 +33,8 @@ use arbitrary::Arbitrary;
 use virtio_queue::mock::MockSplitQueue;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress};
-use vqblk_daemon::virtio::request::{parse, Limits, Operation, RequestError, Segment};
+use vqblk_daemon::iothread::GuestMem;
+use vqblk_daemon::virtio::request::{parse, parse_head, Limits, Operation, RequestError, Segment};
 
 use fuzz::guarded::Guarded;
 use fuzz::ring::{queue_size, Blob, Desc, Shape, Table};
@@ -204,6 +208,16 @@ fn run_case(c: &ParserCase) -> Outcome {
     let last_w = descs.iter().rev().find(|d| d.write && d.len > 0);
     let want_status = last_w.and_then(|d| d.addr.checked_add(d.len as u64 - 1));
     let parsed = parse(chain, &limits);
+    if head < size {
+        // The IOThreads refuse a head outside the ring before parsing.
+        let gm = GuestMem::from(g.mem.clone());
+        let walked = parse_head(&gm, GuestAddress(table), size, head, &limits);
+        if walked != parsed {
+            return Outcome::Finding(format!(
+                "parse_head over GuestMem gives {walked:?}, parse gives {parsed:?}"
+            ));
+        }
+    }
     if fuzz::debug() && !matches!(c.shape, Shape::Raw) {
         if let Err(r) = &parsed {
             if r.error == RequestError::NoStatus {

@@ -438,6 +438,15 @@ impl Executor {
 /// byte is outside guest memory.
 fn guest_iovecs(mem: &GuestMem, segs: &[Segment], iov: &mut Vec<libc::iovec>) -> bool {
     for s in segs {
+        // A buffer in one region (nearly all of them) is one iovec, without
+        // vm-memory's region-by-region walk.
+        if let Some(slice) = mem.in_one_region(s.addr, s.len as usize) {
+            iov.push(libc::iovec {
+                iov_base: slice.ptr_guard_mut().as_ptr().cast(),
+                iov_len: slice.len(),
+            });
+            continue;
+        }
         let Ok(slices) = mem.get_slices(s.addr, s.len as usize, Permissions::ReadWrite) else {
             return false;
         };

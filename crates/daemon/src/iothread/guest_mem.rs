@@ -16,10 +16,13 @@
 
 use std::sync::Arc;
 
+use vm_memory::volatile_memory::VolatileSlice;
 use vm_memory::{
-    GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap,
-    GuestUsize,
+    ByteValued, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryError, GuestMemoryMmap,
+    GuestMemoryRegion, GuestRegionMmap, GuestUsize, MemoryRegionAddress,
 };
+
+use crate::virtio::access::SmallAccess;
 
 /// The regions' type.
 pub type Region = GuestRegionMmap<()>;
@@ -63,6 +66,67 @@ impl GuestMem {
         self.regions
             .remove_region(base, size)
             .map(|(m, r)| (GuestMem::new(m), r))
+    }
+}
+
+impl GuestMem {
+    /// The `len` bytes at `addr` when one region holds all of them.
+    pub(super) fn in_one_region(
+        &self,
+        addr: GuestAddress,
+        len: usize,
+    ) -> Option<VolatileSlice<'_, ()>> {
+        let i = self
+            .bounds
+            .iter()
+            .position(|&(start, rlen)| addr.0.wrapping_sub(start) < rlen)?;
+        let (start, rlen) = self.bounds[i];
+        let offset = addr.0 - start;
+        if len as u64 > rlen - offset {
+            return None;
+        }
+        // vm-memory's own bounds check, and its volatile slice.
+        self.regions
+            .iter()
+            .nth(i)?
+            .get_slice(MemoryRegionAddress(offset), len)
+            .ok()
+    }
+}
+
+/// A descriptor, a header or a status byte in one region is copied straight
+/// through that region's slice; a range across regions (or outside guest
+/// memory) takes vm-memory's accessor, which copies it piecewise or refuses
+/// it. Measured (`scripts/instructions-per-request.sh`, with the chain walked
+/// by `HeadChain`): 3326 -> 2882 server instructions per 4k read.
+impl SmallAccess for GuestMem {
+    fn read_small(&self, buf: &mut [u8], addr: GuestAddress) -> Result<(), GuestMemoryError> {
+        match self.in_one_region(addr, buf.len()) {
+            Some(s) => {
+                s.copy_to(buf);
+                Ok(())
+            }
+            None => self.read_slice(buf, addr),
+        }
+    }
+
+    fn read_obj_small<T: ByteValued>(&self, addr: GuestAddress) -> Result<T, GuestMemoryError> {
+        let mut v = T::zeroed();
+        self.read_small(v.as_mut_slice(), addr).map(|()| v)
+    }
+
+    fn write_obj_small<T: ByteValued>(
+        &self,
+        val: T,
+        addr: GuestAddress,
+    ) -> Result<(), GuestMemoryError> {
+        match self.in_one_region(addr, std::mem::size_of::<T>()) {
+            Some(s) => {
+                s.copy_from(val.as_slice());
+                Ok(())
+            }
+            None => self.write_obj(val, addr),
+        }
     }
 }
 
@@ -144,6 +208,78 @@ mod tests {
         assert!(m.read_obj::<u32>(GuestAddress(0x5ffe)).is_err());
         assert!(m.read_obj::<u8>(GuestAddress(0x3000)).is_err());
         assert!(m.write_obj(1u8, GuestAddress(u64::MAX)).is_err());
+    }
+
+    /// The fast path gives what vm-memory's accessors give, byte for byte
+    /// and error for error: inside a region, at its last bytes, across two
+    /// adjacent regions (the fallback), into a hole, past the end of the
+    /// address space.
+    #[test]
+    fn small_accesses_match_vm_memory() {
+        // Two adjacent regions (0x1000-0x3000 in two pieces), then a hole.
+        let plain = GuestMemoryMmap::from_ranges(&[
+            (GuestAddress(0x1000), 0x1000),
+            (GuestAddress(0x2000), 0x1000),
+            (GuestAddress(0x8000), 0x1000),
+        ])
+        .unwrap();
+        let ours = GuestMem::from(plain.clone());
+        let pattern: Vec<u8> = (0..0x1000u32).map(|i| (i * 7 + 3) as u8).collect();
+        for base in [0x1000u64, 0x2000, 0x8000] {
+            plain.write_slice(&pattern, GuestAddress(base)).unwrap();
+        }
+        let addrs = [
+            0x0,
+            0xff8,
+            0x1000,
+            0x1008,
+            0x1ff0,
+            0x1ff8,
+            0x1ffc,
+            0x1fff,
+            0x2000,
+            0x2ff0,
+            0x2ff8,
+            0x2ffc,
+            0x2fff,
+            0x3000,
+            0x8ff0,
+            0x8ff9,
+            0x9000,
+            u64::MAX - 7,
+            u64::MAX,
+        ];
+        for &a in &addrs {
+            let addr = GuestAddress(a);
+            for len in [1usize, 2, 4, 8, 16] {
+                let (mut x, mut y) = (vec![0u8; len], vec![0u8; len]);
+                let (rx, ry) = (
+                    ours.read_small(&mut x, addr),
+                    plain.read_slice(&mut y, addr),
+                );
+                assert_eq!(
+                    rx.is_ok(),
+                    ry.is_ok(),
+                    "read {len} at {a:#x}: {rx:?} / {ry:?}"
+                );
+                assert_eq!(x, y, "read {len} at {a:#x}");
+            }
+            let (x, y) = (
+                ours.read_obj_small::<u64>(addr),
+                plain.read_obj::<u64>(addr),
+            );
+            assert_eq!(x.ok(), y.ok(), "read_obj at {a:#x}");
+            // Writes: the same bytes land (or the same refusal) in both maps
+            // (`ours` shares `plain`'s mappings, so each side writes its own
+            // value and reads back through the other).
+            let wx = ours.write_obj_small(0x1122_3344_5566_7788u64, addr);
+            let rx = plain.read_obj::<u64>(addr);
+            let wy = plain.write_obj(0x1122_3344_5566_7788u64, addr);
+            assert_eq!(wx.is_ok(), wy.is_ok(), "write at {a:#x}");
+            if wx.is_ok() {
+                assert_eq!(rx.unwrap(), 0x1122_3344_5566_7788, "write at {a:#x}");
+            }
+        }
     }
 
     #[test]

@@ -22,6 +22,7 @@ use super::{
 };
 use crate::inflight::InflightQueue;
 use crate::stats::{IoThreadStats, QueueCounters};
+use crate::virtio::access::SmallAccess;
 use crate::virtio::request::{self, ReqKind};
 use crate::virtio::status;
 
@@ -364,6 +365,7 @@ impl QueueSlot {
             // and logs, while the avail index still says there is work: the
             // thread would spin on it forever.
             let size = self.queue.size();
+            let table = GuestAddress(self.queue.desc_table());
             let mut avail = match self.queue.iter(&*mem) {
                 Ok(it) => it,
                 Err(e) => {
@@ -395,7 +397,18 @@ impl QueueSlot {
                     }
                 }
                 self.popped_at[chain.head_index() as usize] = now;
-                let parsed = request::parse(chain, &self.device.limits);
+                // The chain is walked by `HeadChain` (the same checks as
+                // virtio-queue's iterator, compared in request.rs's tests)
+                // rather than by the popped chain: its descriptor reads go
+                // through `SmallAccess`, the one-region fast path, where
+                // virtio-queue's go through vm-memory's generic accessor.
+                let parsed = request::parse_head(
+                    &*mem,
+                    table,
+                    size,
+                    chain.head_index(),
+                    &self.device.limits,
+                );
                 self.inflight += 1;
                 exec.execute(id, parsed, &mem, &self.device);
             }
@@ -448,7 +461,7 @@ impl QueueSlot {
             0
         };
         let used_len = match ticket.status {
-            Some(a) if mem.write_obj(st, a).is_ok() => data_len + 1,
+            Some(a) if mem.write_obj_small(st, a).is_ok() => data_len + 1,
             _ => 0,
         };
         // Migration: the pages written are marked before the used index

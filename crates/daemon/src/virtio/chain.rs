@@ -1,7 +1,9 @@
 //! Walking the descriptor chain of a given head (virtio spec 1.2, 2.7.5 and
-//! 2.7.5.3), for a request that is not popped from the available ring: a head
-//! recorded in flight by a daemon that died, resubmitted after a restart
-//! (vhost-user "Inflight I/O tracking").
+//! 2.7.5.3). The IOThreads walk every request's chain with it: a head popped
+//! from the available ring, and a head that is not popped (recorded in
+//! flight by a daemon that died, resubmitted after a restart: vhost-user
+//! "Inflight I/O tracking"). Its descriptor reads go through
+//! [`SmallAccess`], the one-region path of the IOThreads' guest memory.
 //!
 //! `virtio_queue` builds chains only while popping (its `DescriptorChain::new` is
 //! crate-private), so [`HeadChain`] walks the table itself with the same checks
@@ -14,7 +16,9 @@
 use std::mem::size_of;
 
 use virtio_queue::desc::split::Descriptor;
-use vm_memory::{Address, Bytes, GuestAddress, GuestMemory};
+use vm_memory::{Address, GuestAddress};
+
+use super::access::SmallAccess;
 
 /// Size of a split descriptor; an indirect table's length is a multiple of it.
 const DESC_SIZE: u32 = size_of::<Descriptor>() as u32;
@@ -22,7 +26,7 @@ const DESC_SIZE: u32 = size_of::<Descriptor>() as u32;
 /// The descriptors of the chain starting at `head` in a split queue's
 /// descriptor table.
 #[derive(Debug, Clone)]
-pub struct HeadChain<'a, M: GuestMemory + ?Sized> {
+pub struct HeadChain<'a, M: SmallAccess + ?Sized> {
     mem: &'a M,
     table: GuestAddress,
     table_size: u16,
@@ -33,7 +37,7 @@ pub struct HeadChain<'a, M: GuestMemory + ?Sized> {
     indirect: bool,
 }
 
-impl<'a, M: GuestMemory + ?Sized> HeadChain<'a, M> {
+impl<'a, M: SmallAccess + ?Sized> HeadChain<'a, M> {
     /// The chain of `head` in the table at `desc_table` of a queue of
     /// `queue_size` entries. A head outside the queue yields nothing.
     pub fn new(mem: &'a M, desc_table: GuestAddress, queue_size: u16, head: u16) -> Self {
@@ -64,7 +68,7 @@ impl<'a, M: GuestMemory + ?Sized> HeadChain<'a, M> {
     }
 }
 
-impl<M: GuestMemory + ?Sized> Iterator for HeadChain<'_, M> {
+impl<M: SmallAccess + ?Sized> Iterator for HeadChain<'_, M> {
     type Item = Descriptor;
 
     fn next(&mut self) -> Option<Descriptor> {
@@ -75,7 +79,7 @@ impl<M: GuestMemory + ?Sized> Iterator for HeadChain<'_, M> {
             let addr = self
                 .table
                 .checked_add(u64::from(self.next) * u64::from(DESC_SIZE))?;
-            let desc: Descriptor = self.mem.read_obj(addr).ok()?;
+            let desc: Descriptor = self.mem.read_obj_small(addr).ok()?;
             if desc.refers_to_indirect_table() {
                 self.enter_indirect(&desc)?;
                 continue;

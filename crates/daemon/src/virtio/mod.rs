@@ -4,6 +4,7 @@
 //! about threads, sockets or files; it speaks the block layer's vocabulary
 //! (`block::IoKind`) but never calls a backend.
 
+pub mod access;
 pub mod chain;
 pub mod device;
 pub mod request;

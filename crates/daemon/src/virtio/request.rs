@@ -11,8 +11,9 @@ use std::ops::Deref;
 use smallvec::SmallVec;
 use virtio_queue::desc::split::Descriptor;
 use virtio_queue::DescriptorChain;
-use vm_memory::{Bytes, GuestAddress, GuestMemory};
+use vm_memory::GuestAddress;
 
+use super::access::SmallAccess;
 use super::chain::HeadChain;
 use super::{req_type, SECTOR_SIZE};
 
@@ -220,7 +221,7 @@ const RANGE_LEN: usize = 16;
 const WRITE_ZEROES_FLAG_UNMAP: u32 = 1;
 
 /// Copies up to `out.len()` bytes from the start of `segs` into `out`.
-fn gather<M: GuestMemory + ?Sized>(
+fn gather<M: SmallAccess + ?Sized>(
     mem: &M,
     segs: &[Segment],
     out: &mut [u8],
@@ -231,7 +232,7 @@ fn gather<M: GuestMemory + ?Sized>(
             break;
         }
         let n = (s.len as usize).min(out.len() - done);
-        mem.read_slice(&mut out[done..done + n], s.addr)
+        mem.read_small(&mut out[done..done + n], s.addr)
             .map_err(|_| RequestError::Memory(s.addr.0))?;
         done += n;
     }
@@ -259,7 +260,7 @@ fn skip_front(segs: &[Segment], mut n: u64) -> Segments {
 pub fn parse<M>(chain: DescriptorChain<M>, limits: &Limits) -> Result<Request, Rejected>
 where
     M: Deref + Clone,
-    M::Target: GuestMemory,
+    M::Target: SmallAccess,
 {
     let head = chain.head_index();
     parse_descriptors(head, chain.clone(), chain.memory(), limits)
@@ -268,7 +269,7 @@ where
 /// Parses the chain of `head` in the descriptor table at `desc_table` of a
 /// queue of `queue_size` entries, without popping it: a request resubmitted
 /// after a restart (see [`HeadChain`]). Same checks and result as [`parse`].
-pub fn parse_head<M: GuestMemory + ?Sized>(
+pub fn parse_head<M: SmallAccess + ?Sized>(
     mem: &M,
     desc_table: GuestAddress,
     queue_size: u16,
@@ -281,7 +282,7 @@ pub fn parse_head<M: GuestMemory + ?Sized>(
 
 /// Parses the descriptors of the chain of `head`; `mem` is the memory they
 /// point into.
-fn parse_descriptors<M: GuestMemory + ?Sized>(
+fn parse_descriptors<M: SmallAccess + ?Sized>(
     head: u16,
     descriptors: impl Iterator<Item = Descriptor>,
     mem: &M,
@@ -474,6 +475,7 @@ mod tests {
     use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
     use virtio_queue::mock::MockSplitQueue;
     use virtio_queue::{Queue, QueueT};
+    use vm_memory::Bytes;
     use vm_memory::GuestMemoryMmap;
 
     const HDR: u64 = 0x10_0000;
