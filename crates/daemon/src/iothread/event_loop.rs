@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use log::{debug, error, info};
+use virtio_queue::QueueT;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -590,6 +591,8 @@ impl IoThread {
             return;
         }
         let counters = self.stats.queue(&a.device.name, a.key.queue);
+        // Room for a full queue in flight, made now rather than per request.
+        self.executor.reserve(usize::from(a.queue.size()));
         debug!(
             "{}: serving {} queue {}",
             self.name, a.device.name, a.key.queue

@@ -140,6 +140,10 @@ pub(super) const SCRATCH_CAPACITY: usize = 64;
 /// worth of requests in flight on all its queues is rare.
 const IOV_POOL_MAX: usize = 1024;
 
+/// Iovecs of a list made in advance by [`Executor::reserve`]: a 4 KiB
+/// request in one guest page or across two.
+const RESERVED_IOVECS: usize = 2;
+
 /// A request that needs a bounce buffer while the cap is reached: it runs
 /// when requests in flight give theirs back.
 struct Waiting {
@@ -168,6 +172,19 @@ impl Executor {
             waiting: VecDeque::new(),
             iov_pool: Vec::new(),
         }
+    }
+
+    /// Makes room for `requests` more requests in flight (a queue of that
+    /// size is attached): in-flight table slots and iovec lists of
+    /// [`RESERVED_IOVECS`] each, so that a request allocates nothing however
+    /// many are in flight at once (a request with more segments grows its
+    /// list once; the pool keeps it). At most [`IOV_POOL_MAX`] lists are kept.
+    pub fn reserve(&mut self, requests: usize) {
+        self.inflight.reserve(requests);
+        self.free.reserve(requests);
+        let lists = requests.min(IOV_POOL_MAX.saturating_sub(self.iov_pool.len()));
+        self.iov_pool
+            .extend((0..lists).map(|_| Vec::with_capacity(RESERVED_IOVECS)));
     }
 
     /// Executes a parsed request of `device` (a refused one just finishes with

@@ -168,16 +168,19 @@ impl Rig {
             log: None,
         };
         let mut queues = Queues::new(stats.clone());
+        let mut exec = Executor::new(
+            "test".into(),
+            o.bounce_max.unwrap_or(64 << 20),
+            SeccompMode::Off,
+        );
+        // As `IoThread::attach` does.
+        exec.reserve(usize::from(attach.queue.size()));
         let id = queues.insert(QueueSlot::new(attach, counters.clone()));
         Rig {
             kind,
             mem,
             queues,
-            exec: Executor::new(
-                "test".into(),
-                o.bounce_max.unwrap_or(64 << 20),
-                SeccompMode::Off,
-            ),
+            exec,
             id,
             device,
             stats,
