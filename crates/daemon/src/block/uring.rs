@@ -1,5 +1,10 @@
 //! The io_uring engine: one ring per IOThread, readv/writev straight from guest
 //! memory, completion signalled through an eventfd the IOThread waits on.
+//!
+//! Submissions are batched into one `io_uring_enter` per pass, except while
+//! the kernel has fewer than [`SUBMIT_AT_ONCE_BELOW`] of the ring's requests:
+//! then the device may be idle, and a request that waited for the end of the
+//! pass would only make it wait too (see [`submit_at_once`]).
 
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
@@ -9,11 +14,36 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::{fallocate_mode, Completion, Engine, IoKind, IoOp};
 
+/// While the kernel holds fewer of a ring's requests than this, a new one is
+/// submitted at once instead of at the end of the pass.
+///
+/// A driver whose requests all completed resubmits them in a burst, and a
+/// pass pops that whole burst before it ends. Batched into one
+/// `io_uring_enter` at the end of the pass, the device idles meanwhile and
+/// then gets the burst in one piece (on this host's virtio disk: one
+/// interrupt per 16 requests at iodepth 16). Submitting
+/// the first few at once sets the device to work while the rest are popped,
+/// then batches the rest. Measured (file, 4k randread QD16, blocking client,
+/// server on CPU 1, 3 interleaved rounds, medians): batched 41.7K IOPS, at
+/// once below 1: 46.2K, below 4: 56.0K, every request at once: 52.5K (0.30
+/// against 1.0 `io_uring_enter` per request); qemu-storage-daemon, which
+/// submits every request at once, 48.9K.
+pub const SUBMIT_AT_ONCE_BELOW: usize = 4;
+
+/// Whether a new request goes to the kernel at once, `in_kernel` requests of
+/// the ring being there already (submitted, completion not reaped).
+pub fn submit_at_once(in_kernel: usize) -> bool {
+    in_kernel < SUBMIT_AT_ONCE_BELOW
+}
+
 /// An io_uring owned by one IOThread.
 pub struct UringEngine {
     ring: IoUring,
     efd: EventFd,
+    /// Pushed to the submission queue, not yet submitted.
     queued: usize,
+    /// Submitted to the kernel, completion not yet reaped.
+    in_kernel: usize,
 }
 
 impl UringEngine {
@@ -26,6 +56,7 @@ impl UringEngine {
             ring,
             efd,
             queued: 0,
+            in_kernel: 0,
         })
     }
 }
@@ -55,6 +86,9 @@ impl Engine for UringEngine {
             // points to stay valid until its completion is reaped.
             if unsafe { self.ring.submission().push(&entry) }.is_ok() {
                 self.queued += 1;
+                if submit_at_once(self.in_kernel) {
+                    self.commit()?;
+                }
                 return Ok(());
             }
             // Submission queue full: hand what we have to the kernel first.
@@ -65,7 +99,10 @@ impl Engine for UringEngine {
     fn commit(&mut self) -> io::Result<()> {
         while self.queued > 0 {
             match self.ring.submit() {
-                Ok(n) => self.queued = self.queued.saturating_sub(n),
+                Ok(n) => {
+                    self.queued = self.queued.saturating_sub(n);
+                    self.in_kernel += n;
+                }
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
                 // The completion queue is full: the caller reaps and retries later.
                 Err(e)
@@ -82,6 +119,7 @@ impl Engine for UringEngine {
 
     fn reap(&mut self, out: &mut Vec<Completion>) {
         for cqe in self.ring.completion() {
+            self.in_kernel = self.in_kernel.saturating_sub(1);
             out.push(Completion {
                 token: cqe.user_data(),
                 result: cqe.result(),
@@ -95,5 +133,68 @@ impl Engine for UringEngine {
 
     fn notify_fd(&self) -> Option<RawFd> {
         Some(self.efd.as_raw_fd())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+
+    #[test]
+    fn the_policy_submits_at_once_only_while_few_are_in_the_kernel() {
+        assert!(submit_at_once(0));
+        assert!(submit_at_once(SUBMIT_AT_ONCE_BELOW - 1));
+        assert!(!submit_at_once(SUBMIT_AT_ONCE_BELOW));
+        assert!(!submit_at_once(1000));
+    }
+
+    /// The first requests go to the kernel as they come; once
+    /// `SUBMIT_AT_ONCE_BELOW` are there, the next wait for `commit` (the end
+    /// of the pass); reaping brings the count back down.
+    #[test]
+    fn an_idle_ring_submits_at_once_and_a_busy_one_batches() {
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(&[7u8; 4096]).unwrap();
+        let mut e = UringEngine::new(64).unwrap();
+        let mut bufs = vec![[0u8; 512]; SUBMIT_AT_ONCE_BELOW + 2];
+        let iovs: Vec<libc::iovec> = bufs
+            .iter_mut()
+            .map(|b| libc::iovec {
+                iov_base: b.as_mut_ptr().cast(),
+                iov_len: b.len(),
+            })
+            .collect();
+        let read = |i: usize| IoOp {
+            kind: IoKind::Read,
+            iov: &iovs[i],
+            iovcnt: 1,
+            offset: 512 * i as u64,
+            len: 512,
+            dsync: false,
+            punch: false,
+        };
+        for i in 0..SUBMIT_AT_ONCE_BELOW {
+            // SAFETY: the buffers and iovecs outlive the reap below.
+            unsafe { e.submit(f.as_raw_fd(), &read(i), i as u64).unwrap() };
+            assert_eq!(e.queued, 0, "request {i} waited with {i} in the kernel");
+            assert_eq!(e.in_kernel, i + 1);
+        }
+        for i in SUBMIT_AT_ONCE_BELOW..SUBMIT_AT_ONCE_BELOW + 2 {
+            // SAFETY: as above.
+            unsafe { e.submit(f.as_raw_fd(), &read(i), i as u64).unwrap() };
+        }
+        assert_eq!(e.queued, 2, "requests beyond the threshold wait for commit");
+        e.commit().unwrap();
+        assert_eq!((e.queued, e.in_kernel), (0, SUBMIT_AT_ONCE_BELOW + 2));
+        let mut out = Vec::new();
+        while out.len() < SUBMIT_AT_ONCE_BELOW + 2 {
+            e.ring.submit_and_wait(1).unwrap();
+            e.reap(&mut out);
+        }
+        assert_eq!(e.in_kernel, 0);
+        assert!(out.iter().all(|c| c.result == 512), "{out:?}");
+        assert!(bufs.iter().all(|b| b.iter().all(|&x| x == 7)));
     }
 }

@@ -891,17 +891,17 @@ fn a_batch_completes_every_request_in_one_pass() {
         }
         assert_eq!(r.used_idx(), 8);
         // Null requests are finished when popped: handed back every
-        // EARLY_HANDBACK (no EVENT_IDX here: each hand-back calls). io_uring's
-        // are submitted at the end of the pass: one call. The thread pool may
-        // have finished some by the fourth and by the eighth pop: a hand-back
-        // at each, then the end of the pass.
+        // EARLY_HANDBACK (no EVENT_IDX here: each hand-back calls). The
+        // thread pool, and io_uring (whose first requests go to the kernel
+        // at once: `uring::SUBMIT_AT_ONCE_BELOW`), may have finished some by
+        // the fourth and by the eighth pop: a hand-back at each, then the
+        // end of the pass.
         let calls = r.stats.notifications.get();
         match kind {
             Kind::Null => assert_eq!(calls, (8 / EARLY_HANDBACK) as u64),
-            Kind::Uring => assert_eq!(calls, 1),
-            Kind::Threads => assert!(
+            Kind::Uring | Kind::Threads => assert!(
                 (1..=1 + 8 / EARLY_HANDBACK as u64).contains(&calls),
-                "{calls}"
+                "{kind:?}: {calls}"
             ),
         }
         assert_eq!(r.stats.requests.get(), 8);
@@ -920,8 +920,10 @@ fn a_pass_hands_back_finished_requests_every_few_pops() {
     // 16 requests made available at once, as a driver at QD16 does: the null
     // backend has each done when it is popped, and one pass publishes them
     // EARLY_HANDBACK at a time (a call each: no EVENT_IDX here), the driver's
-    // used ring filling while the pass goes on. io_uring's are still in the
-    // kernel: nothing is published before the end of the pass.
+    // used ring filling while the pass goes on. io_uring's first requests go
+    // to the kernel at once (`uring::SUBMIT_AT_ONCE_BELOW`): on the test's
+    // file they may be done by the fourth pop, and what a hand-back finds
+    // done is published during the pass.
     for kind in [Kind::Null, Kind::Uring] {
         let mut r = Rig::new(kind);
         for i in 0..16u64 {
@@ -929,15 +931,16 @@ fn a_pass_hands_back_finished_requests_every_few_pops() {
         }
         assert_eq!(r.queues.process(r.id, &mut r.exec, true), Popped::Drained);
         assert_eq!(r.stats.popped.get(), 16, "{kind:?}");
-        let early = match kind {
-            Kind::Null => 16,
-            _ => 0,
-        };
-        assert_eq!(r.used_idx(), early, "{kind:?}: published during the pass");
-        assert_eq!(
-            r.stats.notifications.get(),
-            u64::from(early) / EARLY_HANDBACK as u64
-        );
+        let early = r.used_idx();
+        let calls = r.stats.notifications.get();
+        match kind {
+            Kind::Null => {
+                assert_eq!(early, 16, "published during the pass");
+                assert_eq!(calls, 16 / EARLY_HANDBACK as u64);
+            }
+            // Each call published something.
+            _ => assert!(calls <= u64::from(early), "{kind:?}: {calls} calls"),
+        }
         assert_eq!(r.run().len(), 16);
     }
 }
