@@ -271,14 +271,67 @@ pub fn allowed(kind: ThreadKind) -> Vec<libc::c_long> {
     all
 }
 
-/// Compiles the filter of `kind`, taking `mismatch` for any call not in [`allowed`].
-pub fn program(kind: ThreadKind, mismatch: SeccompAction) -> Result<BpfProgram, SeccompError> {
+/// Calls a filtered thread may not make but that glibc makes on its own, in
+/// whichever thread gets there first, and does without when they fail: they
+/// fail with EACCES instead of stopping the process.
+///
+/// `openat`: glibc's malloc reads `/proc/sys/vm/overcommit_memory` the first
+/// time any thread shrinks a heap of its arena (on a `free`, or when the
+/// thread exits and its cache goes back), once per process. An IOThread that
+/// got there first stopped the daemon with SIGSYS (tests/polling.rs, seen
+/// once an IOThread reserved its in-flight tables at attach). When the open
+/// fails glibc releases the memory with madvise instead of a new mapping.
+const REFUSED_QUIETLY: [libc::c_long; 1] = [libc::SYS_openat];
+
+/// The filters of `kind`, in the order to install them: the quiet refusals
+/// of [`REFUSED_QUIETLY`] the kind does not allow (EACCES; everything else
+/// passes), then the kind's own filter, taking `mismatch` for any call not
+/// in [`allowed`]. The kernel applies the strictest answer of all filters,
+/// so a quietly refused call is let through by the second and refused by
+/// the first. The first one also lets the second be installed (`prctl`,
+/// `seccomp`).
+pub fn programs(
+    kind: ThreadKind,
+    mismatch: SeccompAction,
+) -> Result<Vec<BpfProgram>, SeccompError> {
     let backend = |e| SeccompError::Filter {
         kind,
         source: seccompiler::Error::Backend(e),
     };
-    let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
-        allowed(kind).into_iter().map(|nr| (nr, vec![])).collect();
+    let own = allowed(kind);
+    let quiet: BTreeMap<i64, Vec<SeccompRule>> = REFUSED_QUIETLY
+        .iter()
+        .filter(|nr| !own.contains(nr))
+        .map(|&nr| (nr, vec![]))
+        .collect();
+    let mut out = Vec::new();
+    if !quiet.is_empty() {
+        let refusal = SeccompFilter::new(
+            quiet,
+            SeccompAction::Allow,
+            SeccompAction::Errno(libc::EACCES as u32),
+            target_arch()?,
+        )
+        .map_err(backend)?;
+        out.push(refusal.try_into().map_err(backend)?);
+    }
+    out.push(program(kind, mismatch)?);
+    Ok(out)
+}
+
+/// Compiles the kind's own filter (see [`programs`]).
+fn program(kind: ThreadKind, mismatch: SeccompAction) -> Result<BpfProgram, SeccompError> {
+    let backend = |e| SeccompError::Filter {
+        kind,
+        source: seccompiler::Error::Backend(e),
+    };
+    // The quiet refusals pass here: the filter installed before this one
+    // answers them.
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = allowed(kind)
+        .into_iter()
+        .chain(REFUSED_QUIETLY)
+        .map(|nr| (nr, vec![]))
+        .collect();
     // ioctl only as FIONREAD (how many bytes of a message have arrived) and,
     // for the RPC thread's export-add, the size queries of a block device.
     let ioctls: Vec<libc::c_ulong> = match kind {
@@ -327,10 +380,12 @@ pub fn apply(kind: ThreadKind, mode: SeccompMode) -> Result<(), SeccompError> {
             SeccompAction::Trap
         }
     };
-    let prog = program(kind, mismatch)?;
+    let progs = programs(kind, mismatch)?;
     install_panic_hook();
     KIND.with(|k| k.set(Some(kind)));
-    seccompiler::apply_filter(&prog).map_err(|source| SeccompError::Filter { kind, source })?;
+    for prog in &progs {
+        seccompiler::apply_filter(prog).map_err(|source| SeccompError::Filter { kind, source })?;
+    }
     log::debug!("seccomp: {kind:?} filter installed ({mode:?})");
     Ok(())
 }
@@ -349,14 +404,16 @@ pub fn probe(mode: SeccompMode) -> Result<(), SeccompError> {
         ThreadKind::Worker,
         ThreadKind::Metrics,
     ] {
-        program(kind, SeccompAction::Log)?;
+        programs(kind, SeccompAction::Log)?;
     }
     std::thread::spawn(move || {
-        let prog = program(ThreadKind::IoThread, SeccompAction::Log)?;
-        seccompiler::apply_filter(&prog).map_err(|source| SeccompError::Filter {
-            kind: ThreadKind::IoThread,
-            source,
-        })
+        for prog in programs(ThreadKind::IoThread, SeccompAction::Log)? {
+            seccompiler::apply_filter(&prog).map_err(|source| SeccompError::Filter {
+                kind: ThreadKind::IoThread,
+                source,
+            })?;
+        }
+        Ok(())
     })
     .join()
     .unwrap_or(Err(SeccompError::Arch("probe thread panicked")))
@@ -501,8 +558,9 @@ mod tests {
         f: impl FnOnce() -> T + Send + 'static,
     ) -> T {
         std::thread::spawn(move || {
-            let prog = program(kind, SeccompAction::Errno(libc::EPERM as u32)).unwrap();
-            seccompiler::apply_filter(&prog).unwrap();
+            for prog in programs(kind, SeccompAction::Errno(libc::EPERM as u32)).unwrap() {
+                seccompiler::apply_filter(&prog).unwrap();
+            }
             f()
         })
         .join()
@@ -585,7 +643,8 @@ mod tests {
                 (sock, file, w == 0)
             });
             assert_eq!(sock, libc::EPERM, "{kind:?}: socket");
-            assert_eq!(file, Some(libc::EPERM), "{kind:?}: open");
+            // Refused quietly (`REFUSED_QUIETLY`), not by the mismatch action.
+            assert_eq!(file, Some(libc::EACCES), "{kind:?}: open");
             assert!(write_ok, "{kind:?}: write");
         }
         // Without a filter the same calls succeed: the test can tell the difference.
@@ -625,6 +684,58 @@ mod tests {
             assert!(getfd >= 0, "{kind:?}: F_GETFD refused");
             assert_eq!(setfl, (-1, Some(libc::EPERM)), "{kind:?}: F_SETFL");
         }
+    }
+
+    /// glibc's malloc opens /proc/sys/vm/overcommit_memory in whichever
+    /// thread first shrinks a heap: a filtered thread's open fails (EACCES)
+    /// instead of stopping the process, and nothing is opened.
+    #[test]
+    fn filtered_threads_are_refused_open_quietly() {
+        for kind in [
+            ThreadKind::Control,
+            ThreadKind::IoThread,
+            ThreadKind::Worker,
+            ThreadKind::Metrics,
+        ] {
+            let (r, e) = under_filter(kind, || {
+                // SAFETY: open(2) of a constant NUL-terminated path; an fd,
+                // if any, is closed at once.
+                let fd = unsafe {
+                    libc::open(
+                        c"/proc/sys/vm/overcommit_memory".as_ptr(),
+                        libc::O_RDONLY | libc::O_CLOEXEC,
+                    )
+                };
+                let e = std::io::Error::last_os_error().raw_os_error();
+                if fd >= 0 {
+                    // SAFETY: fd was just opened here.
+                    unsafe { libc::close(fd) };
+                }
+                (fd, e)
+            });
+            assert_eq!((r, e), (-1, Some(libc::EACCES)), "{kind:?}");
+        }
+        // The RPC thread opens images: not refused.
+        let r = under_filter(ThreadKind::Rpc, || {
+            std::fs::File::open("/proc/sys/vm/overcommit_memory").is_ok()
+        });
+        assert!(r, "the RPC thread may open files");
+    }
+
+    /// The same under the real action (SIGSYS for anything else): the open
+    /// fails and the thread goes on. Without the quiet refusal the SIGSYS
+    /// handler ends the test process (exit 159).
+    #[test]
+    fn an_iothread_survives_glibcs_open() {
+        let r = std::thread::spawn(|| {
+            apply(ThreadKind::IoThread, SeccompMode::On).unwrap();
+            std::fs::File::open("/proc/sys/vm/overcommit_memory")
+                .map_err(|e| e.raw_os_error())
+                .map(drop)
+        })
+        .join()
+        .unwrap();
+        assert_eq!(r, Err(Some(libc::EACCES)));
     }
 
     #[test]
