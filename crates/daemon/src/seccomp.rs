@@ -281,7 +281,7 @@ pub fn allowed(kind: ThreadKind) -> Vec<libc::c_long> {
 /// got there first stopped the daemon with SIGSYS (tests/polling.rs, seen
 /// once an IOThread reserved its in-flight tables at attach). When the open
 /// fails glibc releases the memory with madvise instead of a new mapping.
-const REFUSED_QUIETLY: [libc::c_long; 1] = [libc::SYS_openat];
+pub const REFUSED_QUIETLY: [libc::c_long; 1] = [libc::SYS_openat];
 
 /// The filters of `kind`, in the order to install them: the quiet refusals
 /// of [`REFUSED_QUIETLY`] the kind does not allow (EACCES; everything else
