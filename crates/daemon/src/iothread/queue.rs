@@ -13,7 +13,7 @@ use std::time::Instant;
 use log::{debug, error, warn};
 use virtio_bindings::virtio_ring::VRING_AVAIL_F_NO_INTERRUPT;
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestAddressSpace};
+use vm_memory::{Address, Bytes, GuestAddress, GuestAddressSpace};
 
 use super::executor::{Executor, Finished, SlotId};
 use super::{
@@ -248,9 +248,13 @@ impl QueueSlot {
 
     /// Whether the guest made requests available that we have not popped yet.
     pub fn has_avail(&self, mem: &GuestMem) -> bool {
-        self.queue
-            .avail_idx(mem, Ordering::Acquire)
-            .is_ok_and(|idx| idx.0 != self.queue.next_avail())
+        // virtio-queue's `avail_idx`, read through the one region that holds
+        // it: the poll loop reads it on every spin.
+        let Some(addr) = GuestAddress(self.queue.avail_ring()).checked_add(2) else {
+            return false;
+        };
+        mem.load_small::<u16>(addr, Ordering::Acquire)
+            .is_ok_and(|idx| u16::from_le(idx) != self.queue.next_avail())
     }
 
     /// [`QueueSlot::has_avail`] on the current memory map (no reference

@@ -11,7 +11,11 @@
 //! vm-memory's own accessors, for any other map (the unit tests' plain
 //! `GuestMemoryMmap`).
 
-use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemory, GuestMemoryError, GuestMemoryMmap};
+use std::sync::atomic::Ordering;
+
+use vm_memory::{
+    AtomicAccess, ByteValued, Bytes, GuestAddress, GuestMemory, GuestMemoryError, GuestMemoryMmap,
+};
 
 /// Small reads and writes of guest memory (see the module's documentation).
 pub trait SmallAccess: GuestMemory {
@@ -32,6 +36,15 @@ pub trait SmallAccess: GuestMemory {
         addr: GuestAddress,
     ) -> Result<(), GuestMemoryError> {
         self.write_obj(val, addr)
+    }
+
+    /// An atomic load of a `T` at `addr` (a ring index), aligned as `T`.
+    fn load_small<T: AtomicAccess>(
+        &self,
+        addr: GuestAddress,
+        order: Ordering,
+    ) -> Result<T, GuestMemoryError> {
+        self.load(addr, order)
     }
 }
 

@@ -346,10 +346,25 @@ fn parse_descriptors<M: SmallAccess + ?Sized>(
     if readable_len < HEADER_LEN as u64 {
         return Err(reject(RequestError::ShortHeader(readable_len as usize)));
     }
-    let mut hdr = [0u8; HEADER_LEN];
-    gather(mem, &readable, &mut hdr).map_err(reject)?;
-    let rtype = u32::from_le_bytes(hdr[0..4].try_into().unwrap());
-    let sector = u64::from_le_bytes(hdr[8..16].try_into().unwrap());
+    // type (le32), reserved (le32), sector (le64). In the first segment (as
+    // every driver lays it out) it is read as one object: two loads, not a
+    // byte copy.
+    let (rtype, sector) = match readable.first() {
+        Some(s) if s.len as usize >= HEADER_LEN => {
+            let [ty, sector] = mem
+                .read_obj_small::<[u64; 2]>(s.addr)
+                .map_err(|_| reject(RequestError::Memory(s.addr.0)))?;
+            (u64::from_le(ty) as u32, u64::from_le(sector))
+        }
+        _ => {
+            let mut hdr = [0u8; HEADER_LEN];
+            gather(mem, &readable, &mut hdr).map_err(reject)?;
+            (
+                u32::from_le_bytes(hdr[0..4].try_into().unwrap()),
+                u64::from_le_bytes(hdr[8..16].try_into().unwrap()),
+            )
+        }
+    };
     // Only requests that carry data after the header need that list: a read
     // (the common request) does not pay for building it (an allocation).
     let out_data = || skip_front(&readable, HEADER_LEN as u64);
