@@ -149,6 +149,18 @@ impl SmallAccess for GuestMem {
             None => self.load(addr, order),
         }
     }
+
+    fn store_small<T: AtomicAccess>(
+        &self,
+        val: T,
+        addr: GuestAddress,
+        order: Ordering,
+    ) -> Result<(), GuestMemoryError> {
+        match self.in_one_region(addr, std::mem::size_of::<T>()) {
+            Some(s) => s.store(val, 0, order).map_err(GuestMemoryError::from),
+            None => self.store(val, addr, order),
+        }
+    }
 }
 
 impl From<GuestMemoryMmap<()>> for GuestMem {
@@ -307,6 +319,13 @@ mod tests {
                 plain.load::<u32>(addr, Ordering::Acquire),
             );
             assert_eq!(x.ok(), y.ok(), "load u32 at {a:#x}");
+            let wx = ours.store_small(0x5566u16, addr, Ordering::Release);
+            let rx = plain.read_obj::<u16>(addr);
+            let wy = plain.store(0x7788u16, addr, Ordering::Release);
+            assert_eq!(wx.is_ok(), wy.is_ok(), "store u16 at {a:#x}");
+            if wx.is_ok() {
+                assert_eq!(rx.unwrap(), 0x5566, "store u16 at {a:#x}");
+            }
             // Writes: the same bytes land (or the same refusal) in both maps
             // (`ours` shares `plain`'s mappings, so each side writes its own
             // value and reads back through the other).

@@ -12,8 +12,8 @@ use std::time::Instant;
 
 use log::{debug, error, warn};
 use virtio_bindings::virtio_ring::VRING_AVAIL_F_NO_INTERRUPT;
-use virtio_queue::{Queue, QueueOwnedT, QueueT};
-use vm_memory::{Address, Bytes, GuestAddress, GuestAddressSpace};
+use virtio_queue::{Queue, QueueT};
+use vm_memory::{GuestAddress, GuestAddressSpace};
 
 use super::executor::{Executor, Finished, SlotId};
 use super::{
@@ -24,6 +24,7 @@ use crate::inflight::InflightQueue;
 use crate::stats::{IoThreadStats, QueueCounters};
 use crate::virtio::access::SmallAccess;
 use crate::virtio::request::{self, ReqKind};
+use crate::virtio::ring;
 use crate::virtio::status;
 
 /// Requests one queue may pop in one pass of its IOThread. A guest that keeps
@@ -102,6 +103,8 @@ pub(super) struct QueueSlot {
     pub inflight: usize,
     /// Used ring entries added since the last notification check.
     dirty: bool,
+    /// How many: what EVENT_IDX's rule needs (`ring::event_idx_wants_call`).
+    num_added: u16,
     /// A Detach or a Handover is waiting for this queue to drain.
     pub detach: Option<Release>,
     /// The ring could not be accessed: stop touching it until detached.
@@ -138,6 +141,7 @@ impl QueueSlot {
             counters,
             inflight: 0,
             dirty: false,
+            num_added: 0,
             detach: None,
             broken: false,
             notify: true,
@@ -176,6 +180,14 @@ impl QueueSlot {
             // Requests that arrived meanwhile are found by the new owner,
             // which checks the ring as soon as it attaches it.
             let _ = self.arm_or_break();
+        }
+        if self.dirty && self.num_added != 0 {
+            // Entries published since the last EVENT_IDX check: the count
+            // does not move with the ring, so the driver is told now (a
+            // call it did not ask for is harmless, a missing one is not).
+            if let Some(call) = &self.call {
+                let _ = (&*call).write(&1u64.to_ne_bytes());
+            }
         }
         let inflight = self.record.map(|record| InflightTracking {
             record,
@@ -248,13 +260,51 @@ impl QueueSlot {
 
     /// Whether the guest made requests available that we have not popped yet.
     pub fn has_avail(&self, mem: &GuestMem) -> bool {
-        // virtio-queue's `avail_idx`, read through the one region that holds
-        // it: the poll loop reads it on every spin.
-        let Some(addr) = GuestAddress(self.queue.avail_ring()).checked_add(2) else {
-            return false;
-        };
+        // The poll loop reads it on every spin.
+        self.avail_idx(mem)
+            .is_ok_and(|idx| idx != self.queue.next_avail())
+    }
+
+    /// The avail ring's index (Acquire: the entries before it are visible).
+    fn avail_idx(&self, mem: &GuestMem) -> Result<u16, virtio_queue::Error> {
+        let addr = ring::avail_idx(GuestAddress(self.queue.avail_ring()))
+            .ok_or(virtio_queue::Error::AddressOverflow)?;
         mem.load_small::<u16>(addr, Ordering::Acquire)
-            .is_ok_and(|idx| u16::from_le(idx) != self.queue.next_avail())
+            .map(u16::from_le)
+            .map_err(virtio_queue::Error::GuestMemory)
+    }
+
+    /// The head the driver put at avail ring position `index`.
+    fn avail_head(&self, mem: &GuestMem, index: u16) -> Result<u16, virtio_queue::Error> {
+        let q = &self.queue;
+        let addr = ring::avail_entry(GuestAddress(q.avail_ring()), q.size(), index)
+            .ok_or(virtio_queue::Error::AddressOverflow)?;
+        mem.load_small::<u16>(addr, Ordering::Acquire)
+            .map(u16::from_le)
+            .map_err(virtio_queue::Error::GuestMemory)
+    }
+
+    /// Puts `head` with `len` bytes written on the used ring and publishes
+    /// it (the used index, Release: after the entry). virtio-queue's
+    /// `add_used` with one store each for the entry and the index.
+    fn add_used(&mut self, mem: &GuestMem, head: u16, len: u32) -> Result<(), virtio_queue::Error> {
+        let q = &self.queue;
+        if head >= q.size() {
+            return Err(virtio_queue::Error::InvalidDescriptorIndex);
+        }
+        let used = GuestAddress(q.used_ring());
+        let next = q.next_used();
+        let entry =
+            ring::used_entry(used, q.size(), next).ok_or(virtio_queue::Error::AddressOverflow)?;
+        let idx = ring::used_idx(used).ok_or(virtio_queue::Error::AddressOverflow)?;
+        // id (le32), len (le32).
+        mem.write_obj_small([u32::from(head).to_le(), len.to_le()], entry)
+            .map_err(virtio_queue::Error::GuestMemory)?;
+        let next = next.wrapping_add(1);
+        self.queue.set_next_used(next);
+        self.num_added = self.num_added.wrapping_add(1);
+        mem.store_small(next.to_le(), idx, Ordering::Release)
+            .map_err(virtio_queue::Error::GuestMemory)
     }
 
     /// [`QueueSlot::has_avail`] on the current memory map (no reference
@@ -363,15 +413,27 @@ impl QueueSlot {
                 self.break_ring(e);
                 return Popped::Drained;
             }
-            // `iter` rather than `pop_descriptor_chain`: the latter turns an
-            // impossible avail index (more than the queue size ahead of
-            // next_avail, or a ring that is not ready) into "nothing to pop"
-            // and logs, while the avail index still says there is work: the
-            // thread would spin on it forever.
+            // The checks of virtio-queue's `iter`, but an impossible avail
+            // index (more than the queue size ahead of next_avail), a ring
+            // that is not ready or an entry that cannot be read stops the
+            // ring: taken as "nothing to pop" while the avail index still
+            // says there is work, the thread would spin on it forever.
             let size = self.queue.size();
             let table = GuestAddress(self.queue.desc_table());
-            let mut avail = match self.queue.iter(&*mem) {
-                Ok(it) => it,
+            if !self.queue.ready() || self.queue.avail_ring() == 0 {
+                self.stop_ring(format_args!("impossible avail ring state (not ready)"));
+                return Popped::Drained;
+            }
+            let last = match self.avail_idx(&mem) {
+                Ok(idx) if idx.wrapping_sub(self.queue.next_avail()) <= size => idx,
+                Ok(idx) => {
+                    let next = self.queue.next_avail();
+                    self.stop_ring(format_args!(
+                        "impossible avail ring state (avail index {idx}, {next} popped, \
+                         {size} entries)"
+                    ));
+                    return Popped::Drained;
+                }
                 Err(e) => {
                     self.stop_ring(format_args!("impossible avail ring state ({e})"));
                     return Popped::Drained;
@@ -383,11 +445,21 @@ impl QueueSlot {
                     // Hand back what is done now; Queues::process pops on.
                     return Popped::HandBack;
                 }
-                let Some(chain) = avail.next() else { break };
+                let next = self.queue.next_avail();
+                if next == last {
+                    break;
+                }
+                let head = match self.avail_head(&mem, next) {
+                    Ok(head) => head,
+                    Err(e) => {
+                        self.stop_ring(format_args!("avail ring entry {next}: {e}"));
+                        return Popped::Drained;
+                    }
+                };
+                self.queue.set_next_avail(next.wrapping_add(1));
                 budget -= 1;
                 popped += 1;
-                if chain.head_index() >= size {
-                    let head = chain.head_index();
+                if head >= size {
                     self.stop_ring(format_args!(
                         "the driver made head {head} available on a {size}-entry ring"
                     ));
@@ -395,24 +467,18 @@ impl QueueSlot {
                 }
                 // Recorded before it runs (vhost-user "Inflight I/O tracking").
                 if let Some(record) = &mut self.record {
-                    if let Err(e) = record.begin(chain.head_index()) {
+                    if let Err(e) = record.begin(head) {
                         self.stop_ring(format_args!("{e}"));
                         return Popped::Drained;
                     }
                 }
-                self.popped_at[chain.head_index() as usize] = now;
+                self.popped_at[head as usize] = now;
                 // The chain is walked by `HeadChain` (the same checks as
                 // virtio-queue's iterator, compared in request.rs's tests)
                 // rather than by the popped chain: its descriptor reads go
                 // through `SmallAccess`, the one-region fast path, where
                 // virtio-queue's go through vm-memory's generic accessor.
-                let parsed = request::parse_head(
-                    &*mem,
-                    table,
-                    size,
-                    chain.head_index(),
-                    &self.device.limits,
-                );
+                let parsed = request::parse_head(&*mem, table, size, head, &self.device.limits);
                 self.inflight += 1;
                 exec.execute(id, parsed, &mem, &self.device);
             }
@@ -502,7 +568,7 @@ impl QueueSlot {
                 error!("{} queue {}: {e}", self.device.name, self.key.queue);
             }
         }
-        match self.queue.add_used(&*mem, ticket.head, used_len) {
+        match self.add_used(&mem, ticket.head, used_len) {
             Ok(()) => {
                 self.log_used();
                 stats.used_publishes.add(1);
@@ -534,14 +600,30 @@ impl QueueSlot {
     /// gets a call only when it is about to wait.
     fn wants_call(&mut self, mem: &GuestMem) -> Result<bool, virtio_queue::Error> {
         if self.queue.event_idx_enabled() {
-            return self.queue.needs_notification(mem);
+            // virtio-queue's `needs_notification`, with the used_event read
+            // through `SmallAccess`. The used index was stored before this
+            // load (a driver that writes used_event and then reads the used
+            // index sees our entries, or we see its used_event).
+            fence(Ordering::SeqCst);
+            let q = &self.queue;
+            let addr = ring::used_event(GuestAddress(q.avail_ring()), q.size())
+                .ok_or(virtio_queue::Error::AddressOverflow)?;
+            let used_event: u16 = mem
+                .load_small(addr, Ordering::Relaxed)
+                .map_err(virtio_queue::Error::GuestMemory)?;
+            let added = std::mem::take(&mut self.num_added);
+            return Ok(ring::event_idx_wants_call(
+                q.next_used(),
+                added,
+                u16::from_le(used_event),
+            ));
         }
         // The used index was stored before this load, in that order (a
         // driver that clears the flag and then reads the used index sees
         // our entries, or we see its clear flag: no lost wake-up).
         fence(Ordering::SeqCst);
         let flags: u16 = mem
-            .load(GuestAddress(self.queue.avail_ring()), Ordering::Acquire)
+            .load_small(GuestAddress(self.queue.avail_ring()), Ordering::Acquire)
             .map_err(virtio_queue::Error::GuestMemory)?;
         Ok(u16::from_le(flags) & VRING_AVAIL_F_NO_INTERRUPT as u16 == 0)
     }

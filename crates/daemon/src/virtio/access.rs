@@ -46,6 +46,16 @@ pub trait SmallAccess: GuestMemory {
     ) -> Result<T, GuestMemoryError> {
         self.load(addr, order)
     }
+
+    /// An atomic store of `val` at `addr` (a ring index), aligned as `T`.
+    fn store_small<T: AtomicAccess>(
+        &self,
+        val: T,
+        addr: GuestAddress,
+        order: Ordering,
+    ) -> Result<(), GuestMemoryError> {
+        self.store(val, addr, order)
+    }
 }
 
 impl SmallAccess for GuestMemoryMmap<()> {}

@@ -8,6 +8,7 @@ pub mod access;
 pub mod chain;
 pub mod device;
 pub mod request;
+pub mod ring;
 
 use virtio_bindings::virtio_blk::virtio_blk_config;
 use vm_memory::ByteValued;
