@@ -15,6 +15,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
 use super::{BlockDevice, ExecuteError, GuestMem};
 use crate::block::{Backend, Completion, Engines, IoKind, Next, Transfer};
 use crate::seccomp::SeccompMode;
+use crate::virtio::access::SmallAccess;
 use crate::virtio::device::{self, Action, BlockIo};
 use crate::virtio::request::{Operation, Rejected, ReqKind, Request, Segment, Segments};
 
@@ -457,7 +458,7 @@ fn guest_iovecs(mem: &GuestMem, segs: &[Segment], iov: &mut Vec<libc::iovec>) ->
     for s in segs {
         // A buffer in one region (nearly all of them) is one iovec, without
         // vm-memory's region-by-region walk.
-        if let Some(slice) = mem.in_one_region(s.addr, s.len as usize) {
+        if let Some(slice) = mem.one_region(s.addr, s.len as usize) {
             iov.push(libc::iovec {
                 iov_base: slice.ptr_guard_mut().as_ptr().cast(),
                 iov_len: slice.len(),
