@@ -267,21 +267,15 @@ impl QueueSlot {
 
     /// The avail ring's index (Acquire: the entries before it are visible).
     fn avail_idx(&self, mem: &GuestMem) -> Result<u16, virtio_queue::Error> {
-        let addr = ring::avail_idx(GuestAddress(self.queue.avail_ring()))
-            .ok_or(virtio_queue::Error::AddressOverflow)?;
-        mem.load_small::<u16>(addr, Ordering::Acquire)
-            .map(u16::from_le)
-            .map_err(virtio_queue::Error::GuestMemory)
+        let avail = GuestAddress(self.queue.avail_ring());
+        load_le16(mem, ring::avail_idx(avail), Ordering::Acquire)
     }
 
     /// The head the driver put at avail ring position `index`.
     fn avail_head(&self, mem: &GuestMem, index: u16) -> Result<u16, virtio_queue::Error> {
         let q = &self.queue;
-        let addr = ring::avail_entry(GuestAddress(q.avail_ring()), q.size(), index)
-            .ok_or(virtio_queue::Error::AddressOverflow)?;
-        mem.load_small::<u16>(addr, Ordering::Acquire)
-            .map(u16::from_le)
-            .map_err(virtio_queue::Error::GuestMemory)
+        let entry = ring::avail_entry(GuestAddress(q.avail_ring()), q.size(), index);
+        load_le16(mem, entry, Ordering::Acquire)
     }
 
     /// Puts `head` with `len` bytes written on the used ring and publishes
@@ -606,26 +600,21 @@ impl QueueSlot {
             // index sees our entries, or we see its used_event).
             fence(Ordering::SeqCst);
             let q = &self.queue;
-            let addr = ring::used_event(GuestAddress(q.avail_ring()), q.size())
-                .ok_or(virtio_queue::Error::AddressOverflow)?;
-            let used_event: u16 = mem
-                .load_small(addr, Ordering::Relaxed)
-                .map_err(virtio_queue::Error::GuestMemory)?;
+            let at = ring::used_event(GuestAddress(q.avail_ring()), q.size());
+            let used_event = load_le16(mem, at, Ordering::Relaxed)?;
             let added = std::mem::take(&mut self.num_added);
-            return Ok(ring::event_idx_wants_call(
-                q.next_used(),
-                added,
-                u16::from_le(used_event),
-            ));
+            return Ok(ring::event_idx_wants_call(q.next_used(), added, used_event));
         }
         // The used index was stored before this load, in that order (a
         // driver that clears the flag and then reads the used index sees
         // our entries, or we see its clear flag: no lost wake-up).
         fence(Ordering::SeqCst);
-        let flags: u16 = mem
-            .load_small(GuestAddress(self.queue.avail_ring()), Ordering::Acquire)
-            .map_err(virtio_queue::Error::GuestMemory)?;
-        Ok(u16::from_le(flags) & VRING_AVAIL_F_NO_INTERRUPT as u16 == 0)
+        let flags = load_le16(
+            mem,
+            Some(GuestAddress(self.queue.avail_ring())),
+            Ordering::Acquire,
+        )?;
+        Ok(flags & VRING_AVAIL_F_NO_INTERRUPT as u16 == 0)
     }
 
     fn notify_guest(&mut self, stats: &IoThreadStats) -> bool {
@@ -650,6 +639,19 @@ impl QueueSlot {
         }
         false
     }
+}
+
+/// A le16 field of a ring at `at` (None: its address overflowed), read
+/// through `SmallAccess`, with virtio-queue's errors.
+fn load_le16(
+    mem: &GuestMem,
+    at: Option<GuestAddress>,
+    order: Ordering,
+) -> Result<u16, virtio_queue::Error> {
+    let at = at.ok_or(virtio_queue::Error::AddressOverflow)?;
+    mem.load_small::<u16>(at, order)
+        .map(u16::from_le)
+        .map_err(virtio_queue::Error::GuestMemory)
 }
 
 /// The queue slots of one IOThread, indexed by [`SlotId`], with what
