@@ -294,10 +294,6 @@ pub fn programs(
     kind: ThreadKind,
     mismatch: SeccompAction,
 ) -> Result<Vec<BpfProgram>, SeccompError> {
-    let backend = |e| SeccompError::Filter {
-        kind,
-        source: seccompiler::Error::Backend(e),
-    };
     let own = allowed(kind);
     let quiet: BTreeMap<i64, Vec<SeccompRule>> = REFUSED_QUIETLY
         .iter()
@@ -306,14 +302,8 @@ pub fn programs(
         .collect();
     let mut out = Vec::new();
     if !quiet.is_empty() {
-        let refusal = SeccompFilter::new(
-            quiet,
-            SeccompAction::Allow,
-            SeccompAction::Errno(libc::EACCES as u32),
-            target_arch()?,
-        )
-        .map_err(backend)?;
-        out.push(refusal.try_into().map_err(backend)?);
+        let refusal = SeccompAction::Errno(libc::EACCES as u32);
+        out.push(compile(kind, quiet, SeccompAction::Allow, refusal)?);
     }
     out.push(program(kind, mismatch)?);
     Ok(out)
@@ -321,10 +311,6 @@ pub fn programs(
 
 /// Compiles the kind's own filter (see [`programs`]).
 fn program(kind: ThreadKind, mismatch: SeccompAction) -> Result<BpfProgram, SeccompError> {
-    let backend = |e| SeccompError::Filter {
-        kind,
-        source: seccompiler::Error::Backend(e),
-    };
     // The quiet refusals pass here: the filter installed before this one
     // answers them.
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = allowed(kind)
@@ -351,7 +337,7 @@ fn program(kind: ThreadKind, mismatch: SeccompAction) -> Result<BpfProgram, Secc
             .map(|&v| {
                 SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, v)
                     .and_then(|c| SeccompRule::new(vec![c]))
-                    .map_err(backend)
+                    .map_err(backend(kind))
             })
             .collect()
     };
@@ -365,9 +351,29 @@ fn program(kind: ThreadKind, mismatch: SeccompAction) -> Result<BpfProgram, Secc
     if let std::collections::btree_map::Entry::Vacant(e) = rules.entry(libc::SYS_fcntl) {
         e.insert(second_arg_in(&[libc::F_GETFD as u64])?);
     }
-    let filter = SeccompFilter::new(rules, mismatch, SeccompAction::Allow, target_arch()?)
-        .map_err(backend)?;
-    filter.try_into().map_err(backend)
+    compile(kind, rules, mismatch, SeccompAction::Allow)
+}
+
+/// Compiles a filter of `kind` that answers the calls in `rules` (whose
+/// arguments match) with `matched` and every other call with `mismatch`.
+fn compile(
+    kind: ThreadKind,
+    rules: BTreeMap<i64, Vec<SeccompRule>>,
+    mismatch: SeccompAction,
+    matched: SeccompAction,
+) -> Result<BpfProgram, SeccompError> {
+    SeccompFilter::new(rules, mismatch, matched, target_arch()?)
+        .map_err(backend(kind))?
+        .try_into()
+        .map_err(backend(kind))
+}
+
+/// seccompiler's backend error, as a filter error of `kind`.
+fn backend(kind: ThreadKind) -> impl Fn(seccompiler::BackendError) -> SeccompError {
+    move |e| SeccompError::Filter {
+        kind,
+        source: seccompiler::Error::Backend(e),
+    }
 }
 
 /// Installs the filter of `kind` on the calling thread (and the threads it starts later).
@@ -383,10 +389,17 @@ pub fn apply(kind: ThreadKind, mode: SeccompMode) -> Result<(), SeccompError> {
     let progs = programs(kind, mismatch)?;
     install_panic_hook();
     KIND.with(|k| k.set(Some(kind)));
-    for prog in &progs {
+    install(kind, &progs)?;
+    log::debug!("seccomp: {kind:?} filter installed ({mode:?})");
+    Ok(())
+}
+
+/// Installs `progs` (the filters of `kind`, from [`programs`]) on the calling
+/// thread, in order.
+fn install(kind: ThreadKind, progs: &[BpfProgram]) -> Result<(), SeccompError> {
+    for prog in progs {
         seccompiler::apply_filter(prog).map_err(|source| SeccompError::Filter { kind, source })?;
     }
-    log::debug!("seccomp: {kind:?} filter installed ({mode:?})");
     Ok(())
 }
 
@@ -407,13 +420,8 @@ pub fn probe(mode: SeccompMode) -> Result<(), SeccompError> {
         programs(kind, SeccompAction::Log)?;
     }
     std::thread::spawn(move || {
-        for prog in programs(ThreadKind::IoThread, SeccompAction::Log)? {
-            seccompiler::apply_filter(&prog).map_err(|source| SeccompError::Filter {
-                kind: ThreadKind::IoThread,
-                source,
-            })?;
-        }
-        Ok(())
+        let kind = ThreadKind::IoThread;
+        install(kind, &programs(kind, SeccompAction::Log)?)
     })
     .join()
     .unwrap_or(Err(SeccompError::Arch("probe thread panicked")))
@@ -422,10 +430,11 @@ pub fn probe(mode: SeccompMode) -> Result<(), SeccompError> {
 /// glibc's malloc gives each new thread an arena; when their number first
 /// passes 8 it sizes its arena limit from the number of online CPUs, which it
 /// reads from `/sys/devices/system/cpu/online`. If a filtered thread is the one
-/// that crosses the line (the metrics server's threads made it likely), that
-/// `openat` stops the process. Setting the limit up front, to the value glibc
-/// would compute (8 per online CPU), keeps malloc's behaviour and takes the
-/// file read out of filtered threads. An operator's own `MALLOC_ARENA_MAX` or
+/// that crosses the line (the metrics server's threads made it likely), its
+/// `openat` is refused ([`REFUSED_QUIETLY`]; before that existed it stopped
+/// the process) and glibc would size the limit without the file. Setting the
+/// limit up front, to the value glibc would compute (8 per online CPU), keeps
+/// malloc's behaviour and takes the file read out of filtered threads. An operator's own `MALLOC_ARENA_MAX` or
 /// tunable wins.
 fn fix_malloc_arena_limit() {
     #[cfg(target_env = "gnu")]
@@ -558,9 +567,11 @@ mod tests {
         f: impl FnOnce() -> T + Send + 'static,
     ) -> T {
         std::thread::spawn(move || {
-            for prog in programs(kind, SeccompAction::Errno(libc::EPERM as u32)).unwrap() {
-                seccompiler::apply_filter(&prog).unwrap();
-            }
+            install(
+                kind,
+                &programs(kind, SeccompAction::Errno(libc::EPERM as u32)).unwrap(),
+            )
+            .unwrap();
             f()
         })
         .join()
