@@ -181,14 +181,10 @@ impl QueueSlot {
             // which checks the ring as soon as it attaches it.
             let _ = self.arm_or_break();
         }
-        if self.dirty && self.num_added != 0 {
-            // Entries published since the last EVENT_IDX check: the count
-            // does not move with the ring, so the driver is told now (a
-            // call it did not ask for is harmless, a missing one is not).
-            if let Some(call) = &self.call {
-                let _ = (&*call).write(&1u64.to_ne_bytes());
-            }
-        }
+        // The driver was told about every used entry (`Queues::notify` runs
+        // before a drained queue is released): the EVENT_IDX count, which
+        // stays with the slot, has nothing left to move.
+        debug_assert!(!self.dirty, "a ring moves only once notified");
         let inflight = self.record.map(|record| InflightTracking {
             record,
             resubmit: self.resubmit.into(),
