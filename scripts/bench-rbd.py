@@ -57,15 +57,23 @@ def main():
     a = ap.parse_args()
     depths = [int(d) for d in a.depths.split(",") if d]
     patterns = [p for p in a.rw.split(",") if p]
-    for flag, opts in (("--client-option", a.client_option), ("--osd-option", a.osd_option)):
+
+    def settings(flag, opts):
+        """KEY=VALUE options as ceph.conf lines ("KEY = VALUE")."""
+        lines = []
         for o in opts:
-            if "=" not in o or not o.partition("=")[0].strip():
+            k, eq, v = (p.strip() for p in o.partition("="))
+            if not eq or not k:
                 ap.error(f"{flag}: expected KEY=VALUE, got {o!r}")
+            lines.append(f"{k} = {v}")
+        return lines
+
+    client_conf = settings("--client-option", a.client_option)
+    osd_conf = settings("--osd-option", a.osd_option)
     ensure_tools()
     work = tempfile.mkdtemp(prefix="bench-rbd-", dir=os.path.join(ROOT, "target"))
     env = dict(os.environ, CEPH_DIR=os.path.join(work, "ceph"), MON_PORT=MON_PORT)
-    env["OSD_EXTRA_CONF"] = "\n".join(" = ".join(p.strip() for p in o.partition("=")[::2])
-                                      for o in a.osd_option)
+    env["OSD_EXTRA_CONF"] = "\n".join(osd_conf)
     conf = os.path.join(env["CEPH_DIR"], "ceph.conf")
     env["CEPH_CONF"] = conf
     os.environ["CEPH_CONF"] = conf  # for vqblk bench's native librbd runs
@@ -75,14 +83,11 @@ def main():
     try:
         subprocess.run(["timeout", "180", os.path.join(ceph, "start.sh")], env=env, check=True,
                        stdout=subprocess.DEVNULL)
-        if a.client_option:
+        if client_conf:
             # Read by librados in every client process; the cluster's own
             # daemons read their [mon]/[osd] sections, not this one.
             with open(conf, "a") as f:
-                f.write("\n[client]\n")
-                for o in a.client_option:
-                    k, _, v = o.partition("=")
-                    f.write(f"{k.strip()} = {v.strip()}\n")
+                f.write("\n[client]\n" + "".join(line + "\n" for line in client_conf))
         subprocess.run(["timeout", "60", "rbd", "create", "--size", "1G", IMAGE], env=env, check=True)
         # Write the whole image once, so reads hit data, not holes.
         subprocess.run([VQBLK, "bench", "--target", f"rbd:{IMAGE}", "--rw", "write", "--bs", "4m",
