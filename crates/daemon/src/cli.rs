@@ -323,14 +323,13 @@ pub fn run_serve(args: ServeArgs) -> i32 {
         eprintln!("vqblk serve: {field}: {}", e.message);
         return 2;
     }
-    let signals =
-        match signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM, libc::SIGUSR1]) {
-            Ok(s) => s,
-            Err(e) => {
-                eprintln!("vqblk serve: cannot install signal handlers: {e}");
-                return 1;
-            }
-        };
+    let signals = match signal_hook::iterator::Signals::new(crate::seccomp::HANDLED_SIGNALS) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("vqblk serve: cannot install signal handlers: {e}");
+            return 1;
+        }
+    };
     if args.takeover {
         for e in &cfg.exports {
             wait_released(&e.socket);
