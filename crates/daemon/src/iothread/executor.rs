@@ -132,6 +132,9 @@ pub(super) struct Executor {
     /// request allocates nothing in steady state (issue 16). At most
     /// [`IOV_POOL_MAX`] are kept.
     iov_pool: Vec<Vec<libc::iovec>>,
+    /// Requests handed to a backend so far (wrapping): tells
+    /// [`Executor::complete`] whether a round submitted anything.
+    submitted: u64,
 }
 
 /// Initial capacity of the per-thread scratch lists of completions.
@@ -172,6 +175,7 @@ impl Executor {
             bounce_max,
             waiting: VecDeque::new(),
             iov_pool: Vec::new(),
+            submitted: 0,
         }
     }
 
@@ -360,6 +364,7 @@ impl Executor {
             return Err(std::io::Error::other("no such in-flight request"));
         };
         let engine = self.engines.get(inf.backend, &self.name)?;
+        self.submitted = self.submitted.wrapping_add(1);
         // SAFETY: the transfer's iovecs (heap, not moved until the Inflight is
         // dropped) and the buffers they point to (guest memory mapped by
         // `inf.mem`, or `inf.bounce`, both held by the Inflight) stay valid
@@ -399,6 +404,7 @@ impl Executor {
                 self.reaped = reaped;
                 return;
             }
+            let submitted = self.submitted;
             for c in reaped.drain(..) {
                 self.on_completion(c, out);
             }
@@ -406,6 +412,14 @@ impl Executor {
             if !self.waiting.is_empty() {
                 self.run_waiting();
                 out.append(&mut self.ready);
+            }
+            // Another round only if these completions put work on a backend
+            // (a retry, a request that waited for bounce memory): a null
+            // backend finishes it at once. Otherwise the round would commit
+            // and reap nothing, which a hand-back per request (issue 16)
+            // would pay every time.
+            if self.submitted == submitted {
+                return;
             }
         }
     }

@@ -375,21 +375,23 @@ impl QueueSlot {
     /// are re-enabled afterwards (the thread will sleep; a request that raced
     /// with that is popped too); otherwise they stay off (the thread will
     /// poll, or come back for what the budget left).
-    /// `now` is the pass's clock (the pop time of what it pops).
+    /// `now` is the pass's clock (the pop time of what it pops), `mem` its
+    /// snapshot of the guest memory (taken once per pass, not per hand-back:
+    /// the map only changes between passes).
     pub fn process(
         &mut self,
         id: SlotId,
         exec: &mut Executor,
         rearm: bool,
         now: Instant,
+        mem: &Arc<GuestMem>,
         mut budget: usize,
     ) -> Popped {
         if !self.active() {
             return Popped::Drained;
         }
-        let mem = self.memory();
         if self.resubmit_pending() {
-            self.resubmit(id, exec, &mem, &mut budget, now);
+            self.resubmit(id, exec, mem, &mut budget, now);
             if self.resubmit_pending() || self.broken {
                 return if self.broken {
                     Popped::Drained
@@ -399,7 +401,7 @@ impl QueueSlot {
             }
         }
         loop {
-            if let Err(e) = self.quiet(&mem) {
+            if let Err(e) = self.quiet(mem) {
                 self.break_ring(e);
                 return Popped::Drained;
             }
@@ -414,7 +416,7 @@ impl QueueSlot {
                 self.stop_ring(format_args!("impossible avail ring state (not ready)"));
                 return Popped::Drained;
             }
-            let last = match self.avail_idx(&mem) {
+            let last = match self.avail_idx(mem) {
                 Ok(idx) if idx.wrapping_sub(self.queue.next_avail()) <= size => idx,
                 Ok(idx) => {
                     let next = self.queue.next_avail();
@@ -439,7 +441,7 @@ impl QueueSlot {
                 if next == last {
                     break;
                 }
-                let head = match self.avail_head(&mem, next) {
+                let head = match self.avail_head(mem, next) {
                     Ok(head) => head,
                     Err(e) => {
                         self.stop_ring(format_args!("avail ring entry {next}: {e}"));
@@ -468,17 +470,17 @@ impl QueueSlot {
                 // rather than by the popped chain: its descriptor reads go
                 // through `SmallAccess`, the one-region fast path, where
                 // virtio-queue's go through vm-memory's generic accessor.
-                let parsed = request::parse_head(&*mem, table, size, head, &self.device.limits);
+                let parsed = request::parse_head(&**mem, table, size, head, &self.device.limits);
                 self.inflight += 1;
-                exec.execute(id, parsed, &mem, &self.device);
+                exec.execute(id, parsed, mem, &self.device);
             }
-            if budget == 0 && self.has_avail(&mem) {
+            if budget == 0 && self.has_avail(mem) {
                 return Popped::More;
             }
             if !rearm {
                 return Popped::Drained;
             }
-            match self.arm(&mem) {
+            match self.arm(mem) {
                 Ok(true) => continue, // more arrived while notifications were off
                 Ok(false) => return Popped::Drained,
                 Err(e) => {
@@ -802,9 +804,12 @@ impl Queues {
     /// [`EARLY_HANDBACK`] (published, and the driver called if it asked);
     /// counts a ring found broken and a budget used up.
     pub fn process(&mut self, id: SlotId, exec: &mut Executor, rearm: bool) -> Popped {
+        let Some(mem) = self.get(id).map(QueueSlot::memory) else {
+            return Popped::Drained;
+        };
         let mut budget = POP_BUDGET;
         loop {
-            let (popped, n) = self.process_some(id, exec, rearm, budget);
+            let (popped, n) = self.process_some(id, exec, rearm, &mem, budget);
             if popped != Popped::HandBack {
                 return popped;
             }
@@ -826,6 +831,7 @@ impl Queues {
         id: SlotId,
         exec: &mut Executor,
         rearm: bool,
+        mem: &Arc<GuestMem>,
         budget: usize,
     ) -> (Popped, usize) {
         let now = self.now();
@@ -834,7 +840,7 @@ impl Queues {
         };
         let was_broken = q.broken();
         let inflight = q.inflight;
-        let popped = q.process(id, exec, rearm, now, budget);
+        let popped = q.process(id, exec, rearm, now, mem, budget);
         // Nothing finishes during `process`: the growth is what it popped.
         let n = q.inflight.saturating_sub(inflight);
         self.stats.popped.add(n as u64);
