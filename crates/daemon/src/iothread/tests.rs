@@ -6,7 +6,7 @@
 use std::fs::File;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use virtio_bindings::bindings::virtio_ring::{
     VRING_DESC_F_NEXT, VRING_DESC_F_WRITE, VRING_USED_F_NO_NOTIFY,
@@ -16,7 +16,7 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic, GuestMemoryMmap};
 
 use super::executor::{Executor, SlotId};
-use super::queue::{Popped, QueueSlot, Queues, EARLY_HANDBACK, POP_BUDGET};
+use super::queue::{Popped, QueueSlot, Queues, CALL_EVERY, POP_BUDGET};
 use super::{BlockDevice, GuestMem, InflightTracking, QueueAttach, QueueKey, QueueLog};
 use crate::block::{Backend, Disk};
 use crate::dirty_log::{DirtyLog, LOG_PAGE};
@@ -290,6 +290,16 @@ impl Rig {
     }
 
     /// Runs exactly one request and checks its used entry and status byte.
+    /// Pops every available request as a pass does, but never reaps: what
+    /// a backend finishes stays in flight (and its resources held) until
+    /// `run`, where a pass would hand it back after the next pop.
+    fn pop_without_reaping(&mut self) {
+        let mem = self.queues.get(self.id).unwrap().memory();
+        let q = self.queues.get_mut(self.id).unwrap();
+        let now = Instant::now();
+        while q.process(self.id, &mut self.exec, true, now, &mem, POP_BUDGET) == Popped::HandBack {}
+    }
+
     fn run_one(&mut self, r: &Req, used_len: u32, st: u8) {
         let used = self.run();
         assert_eq!(used, vec![(r.head as u32, used_len)], "{:?}", self.kind);
@@ -890,17 +900,17 @@ fn a_batch_completes_every_request_in_one_pass() {
             assert_eq!(r.status(q), status::OK);
         }
         assert_eq!(r.used_idx(), 8);
-        // Null requests are finished when popped: handed back every
-        // EARLY_HANDBACK (no EVENT_IDX here: each hand-back calls). The
-        // thread pool, and io_uring (whose first requests go to the kernel
-        // at once: `uring::SUBMIT_AT_ONCE_BELOW`), may have finished some by
-        // the fourth and by the eighth pop: a hand-back at each, then the
-        // end of the pass.
+        // Null requests are finished when popped: handed back after each
+        // pop, a call every CALL_EVERY pops (no EVENT_IDX here: each asked
+        // call is sent). The thread pool, and io_uring (whose first requests
+        // go to the kernel at once: `uring::SUBMIT_AT_ONCE_BELOW`), may have
+        // finished some by any pop: a call every CALL_EVERY pops handed
+        // back, then the end of the pass.
         let calls = r.stats.notifications.get();
         match kind {
-            Kind::Null => assert_eq!(calls, (8 / EARLY_HANDBACK) as u64),
+            Kind::Null => assert_eq!(calls, (8 / CALL_EVERY) as u64),
             Kind::Uring | Kind::Threads => assert!(
-                (1..=1 + 8 / EARLY_HANDBACK as u64).contains(&calls),
+                (1..=1 + 8 / CALL_EVERY as u64).contains(&calls),
                 "{kind:?}: {calls}"
             ),
         }
@@ -916,14 +926,15 @@ fn a_batch_completes_every_request_in_one_pass() {
 }
 
 #[test]
-fn a_pass_hands_back_finished_requests_every_few_pops() {
+fn a_pass_publishes_each_finished_request_before_the_next_pop() {
     // 16 requests made available at once, as a driver at QD16 does: the null
-    // backend has each done when it is popped, and one pass publishes them
-    // EARLY_HANDBACK at a time (a call each: no EVENT_IDX here), the driver's
-    // used ring filling while the pass goes on. io_uring's first requests go
-    // to the kernel at once (`uring::SUBMIT_AT_ONCE_BELOW`): on the test's
-    // file they may be done by the fourth pop, and what a hand-back finds
-    // done is published during the pass.
+    // backend has each done when it is popped, and one pass publishes each
+    // before it pops the next (16 publishes), with a call every CALL_EVERY
+    // pops (no EVENT_IDX here: each asked call is sent), the driver's used
+    // ring filling while the pass goes on. io_uring's first requests go to
+    // the kernel at once (`uring::SUBMIT_AT_ONCE_BELOW`): on the test's file
+    // they may be done by a later pop, and what a hand-back finds done is
+    // published during the pass.
     for kind in [Kind::Null, Kind::Uring] {
         let mut r = Rig::new(kind);
         for i in 0..16u64 {
@@ -936,7 +947,8 @@ fn a_pass_hands_back_finished_requests_every_few_pops() {
         match kind {
             Kind::Null => {
                 assert_eq!(early, 16, "published during the pass");
-                assert_eq!(calls, 16 / EARLY_HANDBACK as u64);
+                assert_eq!(r.stats.used_batches.get(), 16, "one publish per pop");
+                assert_eq!(calls, 16 / CALL_EVERY as u64);
             }
             // Each call published something.
             _ => assert!(calls <= u64::from(early), "{kind:?}: {calls} calls"),
@@ -1009,7 +1021,7 @@ fn null_latency_delays_completion() {
         },
     );
     let q = r.push(req_type::IN, 0, &[(DATA, 512, true)]);
-    let t = std::time::Instant::now();
+    let t = Instant::now();
     r.queues.process(r.id, &mut r.exec, true);
     r.queues.deliver(&mut r.exec);
     if t.elapsed() < Duration::from_millis(15) {
@@ -1167,7 +1179,7 @@ fn a_flooding_queue_leaves_room_for_another_each_pass() {
         let f = flood.queues.process(flood.id, &mut flood.exec, true);
         quiet.queues.process(quiet.id, &mut quiet.exec, true);
         assert!(flood.stats.popped.get() <= (POP_BUDGET * passes) as u64);
-        if quiet.queues.inflight() == 1 {
+        if quiet.stats.popped.get() == 1 {
             break;
         }
         assert_eq!(f, Popped::More);
@@ -1224,7 +1236,9 @@ fn bounce_buffers_stay_under_the_cap_and_requests_wait_for_them() {
         // buffer, the cap holds one.
         let a = r.push(req_type::IN, 0, &[(DATA + 1, 4096, true)]);
         let b = r.push(req_type::IN, 8, &[(DATA + 0x2001, 4096, true)]);
-        r.queues.process(r.id, &mut r.exec, true);
+        // Both popped before the first is reaped (a pass would hand it
+        // back, and free its buffer, as soon as the backend is done).
+        r.pop_without_reaping();
         assert_eq!(r.exec.bounce_bytes(), 4096, "{kind:?}");
         assert_eq!(r.exec.waiting(), 1, "{kind:?}: the second waits");
         let used = r.run();
@@ -1278,8 +1292,9 @@ fn the_thread_counts_pops_publishes_and_suppressed_calls() {
     assert_eq!(r.stats.popped.get(), 4);
     assert_eq!(r.stats.used_publishes.get(), 4);
     assert_eq!(r.stats.requests.get(), 4);
-    // Null backend: each run's requests finish in one delivery round.
-    assert_eq!(r.stats.used_batches.get(), 2);
+    // Null backend: each request is published as soon as it is popped
+    // (CALL_EVERY), in a delivery round of its own.
+    assert_eq!(r.stats.used_batches.get(), 4);
     let s = r.stats.snapshot();
     assert_eq!(
         (
@@ -1288,7 +1303,7 @@ fn the_thread_counts_pops_publishes_and_suppressed_calls() {
             s.used_batches,
             s.notifications_suppressed
         ),
-        (4, 4, 2, 1)
+        (4, 4, 4, 1)
     );
 }
 
