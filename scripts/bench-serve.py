@@ -25,6 +25,7 @@ Usage: scripts/bench-serve.py [--runtime 10] [--repeats 3] [--wait-mode block|lo
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 
@@ -51,6 +52,10 @@ def main():
     ap.add_argument("--client-cpus", default=None, help="taskset CPU list for the client")
     a = ap.parse_args()
     sc = a.server_cpus
+    # One server CPU and one client CPU: their cache-line round trip is
+    # printed before each round.
+    rtt_cpus = [a.server_cpus, a.client_cpus] if all(
+        c is not None and c.isdigit() for c in (a.server_cpus, a.client_cpus)) else None
     backends = [b for b in a.backends.split(",") if b]
     depths = [int(d) for d in a.depths.split(",") if d]
     ensure_tools()
@@ -93,6 +98,12 @@ def main():
                 targets.append(("native io_uring", f"file:{image}", None))
             for rep in range(a.repeats):
                 for depth in depths:
+                    if rtt_cpus:
+                        # The host may place the two CPUs near or far: every
+                        # figure of the round follows (docs/performance.md).
+                        rtt = subprocess.run([os.path.join(ROOT, "scripts", "cacheline-rtt.sh"), *rtt_cpus],
+                                             capture_output=True, text=True)
+                        print(f"[{rep + 1}/{a.repeats}] {(rtt.stdout or rtt.stderr).strip()}", flush=True)
                     for name, target, pid in targets:
                         extra = ["--libblkio_wait_mode", a.wait_mode] + counters.get(name, [])
                         r = run_bench(target, depth, a.runtime, pid, extra=extra, cpus=a.client_cpus)
