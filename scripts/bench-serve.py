@@ -34,6 +34,16 @@ from benchlib import (ROOT, ensure_tools, make_image, median_of, run_bench, star
                       start_vqblk, stop, versions, wait_socket)
 
 
+def cacheline_rtt(cpus):
+    """The cache-line round trip between two CPUs in ns (scripts/cacheline-rtt.sh), NaN if it failed."""
+    out = subprocess.run([os.path.join(ROOT, "scripts", "cacheline-rtt.sh"), *cpus],
+                         capture_output=True, text=True).stdout
+    try:
+        return float(out.split(": ")[1].split()[0])
+    except (IndexError, ValueError):
+        return float("nan")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runtime", type=int, default=10)
@@ -53,7 +63,7 @@ def main():
     a = ap.parse_args()
     sc = a.server_cpus
     # One server CPU and one client CPU: their cache-line round trip is
-    # printed before each round.
+    # measured around each run.
     rtt_cpus = [a.server_cpus, a.client_cpus] if all(
         c is not None and c.isdigit() for c in (a.server_cpus, a.client_cpus)) else None
     backends = [b for b in a.backends.split(",") if b]
@@ -98,21 +108,25 @@ def main():
                 targets.append(("native io_uring", f"file:{image}", None))
             for rep in range(a.repeats):
                 for depth in depths:
-                    if rtt_cpus:
-                        # The host may place the two CPUs near or far: every
-                        # figure of the round follows (docs/performance.md).
-                        rtt = subprocess.run([os.path.join(ROOT, "scripts", "cacheline-rtt.sh"), *rtt_cpus],
-                                             capture_output=True, text=True)
-                        print(f"[{rep + 1}/{a.repeats}] {(rtt.stdout or rtt.stderr).strip()}", flush=True)
                     for name, target, pid in targets:
                         extra = ["--libblkio_wait_mode", a.wait_mode] + counters.get(name, [])
+                        rtt = cacheline_rtt(rtt_cpus) if rtt_cpus else None
                         r = run_bench(target, depth, a.runtime, pid, extra=extra, cpus=a.client_cpus)
+                        if rtt_cpus:
+                            # The host may place the two CPUs near or far, and
+                            # every figure of the run follows: measured before
+                            # and after it (docs/performance.md).
+                            r["cacheline_rtt_before_ns"] = rtt
+                            r["cacheline_rtt_after_ns"] = cacheline_rtt(rtt_cpus)
                         runs.setdefault((name, backend, depth), []).append(r)
                         cpu = f"  server CPU {r['server_cpu_us_per_io']:6.2f} us/IO" if pid else ""
                         if "calls_per_io" in r:
                             cpu += f"  calls {r['calls_per_io']:5.3f}/IO"
                         if target.startswith("unix:"):
                             cpu += f"  client sleeps {r['client_sleeps_per_io']:5.3f}/IO"
+                        if rtt_cpus:
+                            cpu += (f"  cache-line rtt {r['cacheline_rtt_before_ns']:.0f}"
+                                    f"/{r['cacheline_rtt_after_ns']:.0f} ns")
                         print(f"[{rep + 1}/{a.repeats}] {name:20} {backend:5} qd{depth:<3} {r['iops']:10.0f} IOPS"
                               f"  p50 {r['p50_us']:7.1f} us  p99 {r['p99_us']:8.1f} us{cpu}", flush=True)
         finally:
