@@ -33,6 +33,7 @@ use seccompiler::{
     SeccompRule, TargetArch,
 };
 use serde::{Deserialize, Serialize};
+use vmm_sys_util::signal;
 
 /// Whether and how seccomp filters are installed (`--seccomp`, `seccomp =` in TOML).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -435,8 +436,8 @@ pub fn probe(mode: SeccompMode) -> Result<(), SeccompError> {
 /// `openat` is refused ([`REFUSED_QUIETLY`]; before that existed it stopped
 /// the process) and glibc would size the limit without the file. Setting the
 /// limit up front, to the value glibc would compute (8 per online CPU), keeps
-/// malloc's behaviour and takes the file read out of filtered threads. An operator's own `MALLOC_ARENA_MAX` or
-/// tunable wins.
+/// malloc's behaviour and takes the file read out of filtered threads. An
+/// operator's own `MALLOC_ARENA_MAX` or tunable wins.
 fn fix_malloc_arena_limit() {
     #[cfg(target_env = "gnu")]
     {
@@ -548,20 +549,11 @@ pub const HANDLED_SIGNALS: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc
 /// IOThread, a SIGTERM stopped the daemon with SIGSYS (tests/metrics.rs
 /// saw it once; the kernel prefers the main thread, but not always).
 fn block_handled_signals() {
-    // SAFETY: sigemptyset/sigaddset fill a local sigset_t; pthread_sigmask
-    // changes only this thread's mask and reads the set it is given.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        for sig in HANDLED_SIGNALS {
-            libc::sigaddset(&mut set, sig);
-        }
-        let r = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        if r != 0 {
-            log::warn!(
-                "seccomp: cannot block signals in a filtered thread: {}",
-                std::io::Error::from_raw_os_error(r)
-            );
+    for sig in HANDLED_SIGNALS {
+        match signal::block_signal(sig) {
+            // Threads a filtered thread starts inherit its mask.
+            Ok(()) | Err(signal::Error::SignalAlreadyBlocked(_)) => {}
+            Err(e) => log::warn!("seccomp: cannot block signal {sig} in a filtered thread: {e}"),
         }
     }
 }
@@ -788,12 +780,8 @@ mod tests {
                 if apply_filter {
                     apply(ThreadKind::IoThread, SeccompMode::On).unwrap();
                 }
-                // SAFETY: reads this thread's mask into a local sigset_t.
-                unsafe {
-                    let mut set: libc::sigset_t = std::mem::zeroed();
-                    libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut set);
-                    HANDLED_SIGNALS.map(|sig| libc::sigismember(&set, sig) == 1)
-                }
+                let set = signal::get_blocked_signals().unwrap();
+                HANDLED_SIGNALS.map(|sig| set.contains(&sig))
             })
             .join()
             .unwrap()
