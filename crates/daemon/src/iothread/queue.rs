@@ -614,9 +614,6 @@ impl QueueSlot {
         self.dirty = true;
     }
 
-    /// Signals the guest if requests were finished since the last call and
-    /// the guest wants to hear about it (EVENT_IDX / NO_INTERRUPT); true if
-    /// it did.
     /// Whether the driver asked to hear about the used entries added since
     /// the last call: its `used_event` (EVENT_IDX), or else a clear
     /// VRING_AVAIL_F_NO_INTERRUPT in the avail ring's flags, which
@@ -648,13 +645,15 @@ impl QueueSlot {
         Ok(flags & VRING_AVAIL_F_NO_INTERRUPT as u16 == 0)
     }
 
-    fn notify_guest(&mut self, stats: &IoThreadStats) -> bool {
+    /// Signals the guest if requests were finished since the last call and
+    /// the guest wants to hear about it (EVENT_IDX / NO_INTERRUPT); true if
+    /// it did. `mem` is the current memory map (the pass's snapshot).
+    fn notify_guest(&mut self, mem: &GuestMem, stats: &IoThreadStats) -> bool {
         if !self.dirty {
             return false;
         }
         self.dirty = false;
-        let mem = self.mem.memory();
-        match self.wants_call(&mem) {
+        match self.wants_call(mem) {
             Ok(true) => {
                 if let Some(call) = &self.call {
                     let _ = (&*call).write(&1u64.to_ne_bytes());
@@ -853,7 +852,7 @@ impl Queues {
             self.deliver(exec);
             uncalled += n;
             if uncalled >= CALL_EVERY {
-                self.notify_one(id);
+                self.notify_one(id, &mem);
                 uncalled = 0;
             }
             budget -= n;
@@ -922,13 +921,14 @@ impl Queues {
         self.finished = finished;
     }
 
-    /// The notification of one queue, inside a pass (an early hand-back).
-    pub fn notify_one(&mut self, id: SlotId) {
+    /// The notification of one queue, inside a pass (an early hand-back),
+    /// with the pass's memory snapshot.
+    fn notify_one(&mut self, id: SlotId, mem: &GuestMem) {
         let called = self
             .slots
             .get_mut(id.0)
             .and_then(Option::as_mut)
-            .is_some_and(|q| q.notify_guest(&self.stats));
+            .is_some_and(|q| q.notify_guest(mem, &self.stats));
         self.note_call(called);
     }
 
@@ -937,8 +937,10 @@ impl Queues {
     pub fn notify(&mut self) {
         self.clock = None;
         let mut called = false;
-        for q in self.slots.iter_mut().flatten() {
-            called |= q.notify_guest(&self.stats);
+        // A snapshot only for the queues that published something.
+        for q in self.slots.iter_mut().flatten().filter(|q| q.dirty) {
+            let mem = q.memory();
+            called |= q.notify_guest(&mem, &self.stats);
         }
         self.note_call(called);
     }
