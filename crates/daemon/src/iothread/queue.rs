@@ -463,9 +463,9 @@ impl QueueSlot {
                     return Popped::Drained;
                 }
             };
-            let mut popped = 0;
+            let mut popped_one = false;
             while budget > 0 {
-                if popped != 0 && exec.has_completions() {
+                if popped_one && exec.has_completions() {
                     // Hand back what is done now; Queues::process pops on
                     // (see CALL_EVERY).
                     return Popped::HandBack;
@@ -483,7 +483,7 @@ impl QueueSlot {
                 };
                 self.queue.set_next_avail(next.wrapping_add(1));
                 budget -= 1;
-                popped += 1;
+                popped_one = true;
                 if head >= size {
                     self.stop_ring(format_args!(
                         "the driver made head {head} available on a {size}-entry ring"
