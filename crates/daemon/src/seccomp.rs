@@ -20,7 +20,8 @@
 //! missing entry without a crash (the kernel logs the call, see `dmesg` / the audit log).
 //!
 //! With `--seccomp on` (the default) a forbidden call raises `SIGSYS`; the handler
-//! prints the thread and the system call number on stderr and ends the process
+//! prints the thread kind and the system call (name and number) on stderr, where the
+//! log goes, and ends the process
 //! (`_exit(159)`): a thread that does something it never does on its own is taken to be
 //! subverted, and continuing would be worse than stopping.
 
@@ -33,6 +34,7 @@ use seccompiler::{
     SeccompRule, TargetArch,
 };
 use serde::{Deserialize, Serialize};
+use syscalls::Sysno;
 use vmm_sys_util::signal;
 
 /// Whether and how seccomp filters are installed (`--seccomp`, `seccomp =` in TOML).
@@ -475,26 +477,20 @@ extern "C" fn on_sigsys(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mu
             .cast::<i32>()
             .read_unaligned()
     };
-    let mut buf = [0u8; 160];
+    let mut buf = [0u8; 192];
     let mut len = 0;
     let mut put = |bytes: &[u8]| {
         let n = bytes.len().min(buf.len() - len);
         buf[len..len + n].copy_from_slice(&bytes[..n]);
         len += n;
     };
-    // The kind was recorded when the filter went on: asking the kernel for the
-    // thread's name (prctl) may itself be forbidden, and a second SIGSYS inside
-    // this handler would kill the process without a word.
-    put(b"vqblk: seccomp: a ");
-    put(match KIND.with(Cell::get) {
-        Some(ThreadKind::Control) => b"control",
-        Some(ThreadKind::Rpc) => b"control-socket",
-        Some(ThreadKind::IoThread) => b"IOThread",
-        Some(ThreadKind::Worker) => b"worker",
-        Some(ThreadKind::Metrics) => b"metrics",
-        None => b"daemon",
-    });
-    put(b" thread made forbidden system call ");
+    put(b"vqblk: seccomp: forbidden system call ");
+    // The name comes from a static table (no allocation, no system call).
+    let name = usize::try_from(nr).ok().and_then(Sysno::new);
+    if let Some(name) = name {
+        put(name.name().as_bytes());
+        put(b" (");
+    }
     let mut digits = [0u8; 12];
     let mut i = digits.len();
     let mut v = nr.unsigned_abs();
@@ -507,7 +503,22 @@ extern "C" fn on_sigsys(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mu
         }
     }
     put(&digits[i..]);
-    put(b"; stopping (run with --seccomp log to find it)\n");
+    if name.is_some() {
+        put(b")");
+    }
+    // The kind was recorded when the filter went on: asking the kernel for the
+    // thread's name (prctl) may itself be forbidden, and a second SIGSYS inside
+    // this handler would kill the process without a word.
+    put(b" in a thread of kind ");
+    put(match KIND.with(Cell::get) {
+        Some(ThreadKind::Control) => b"control",
+        Some(ThreadKind::Rpc) => b"control-socket",
+        Some(ThreadKind::IoThread) => b"IOThread",
+        Some(ThreadKind::Worker) => b"worker",
+        Some(ThreadKind::Metrics) => b"metrics",
+        None => b"daemon",
+    });
+    put(b"; stopping (--seccomp log lets the kernel log such calls instead)\n");
     // SAFETY: write(2) and _exit(2) are async-signal-safe and both are in every thread's
     // allowed set; the buffer is valid for `len` bytes.
     unsafe {
@@ -609,6 +620,49 @@ mod tests {
             return 0;
         }
         std::io::Error::last_os_error().raw_os_error().unwrap()
+    }
+
+    /// Set for the child process of `a_forbidden_call_is_named_before_the_process_ends`.
+    const CHILD: &str = "VQBLK_SECCOMP_TEST_CHILD";
+
+    /// Makes a forbidden call under the IOThread filter with the production
+    /// action (SIGSYS): the process ends. Run only as the child below.
+    #[test]
+    #[ignore = "run in a child process by a_forbidden_call_is_named_before_the_process_ends"]
+    fn forbidden_call_in_a_child() {
+        if std::env::var_os(CHILD).is_none() {
+            return;
+        }
+        std::thread::spawn(|| {
+            apply(ThreadKind::IoThread, SeccompMode::On).unwrap();
+            socket_errno()
+        })
+        .join()
+        .unwrap();
+        unreachable!("the forbidden call returned");
+    }
+
+    #[test]
+    fn a_forbidden_call_is_named_before_the_process_ends() {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "seccomp::tests::forbidden_call_in_a_child",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD, "1")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(159), "{err}");
+        assert!(
+            err.contains(
+                "vqblk: seccomp: forbidden system call socket (41) in a thread of kind IOThread; stopping"
+            ),
+            "{err}"
+        );
     }
 
     #[test]
