@@ -13,6 +13,7 @@
 #   * util-linux                  - host-side blkdiscard
 #   * kmod                        - depmod, to generate modules.dep for the extracted kernel
 #   * chromium                    - headless, renders `vqblk report`'s HTML in a test
+#   * libvirt 11 (bookworm-backports) - tests/libvirt.rs boots a domain with a vhostuser disk
 #   * a Debian kernel (linux-image-amd64's current dependency), EXTRACTED into a
 #     cache dir, NOT installed: `apt-get download` + `dpkg-deb -x` gives us
 #     vmlinuz + modules without touching /boot, running initramfs/bootloader hooks
@@ -187,6 +188,19 @@ else
     log "installing qemu-block-extra from bookworm-backports"
     apt_install -t bookworm-backports qemu-block-extra
     did+=("installed qemu-block-extra")
+fi
+
+# ---------------------------------------------------------------- libvirt
+# tests/libvirt.rs runs docs/qemu.md's domain XML (a vhostuser disk) with the
+# real libvirt: bookworm-backports' libvirt 11, of QEMU 10's time.
+if pkg_installed libvirt-daemon-driver-qemu && pkg_installed libvirt-clients &&
+    command -v libvirtd >/dev/null 2>&1 && command -v virtlogd >/dev/null 2>&1; then
+    log "libvirt: already present"
+else
+    apt_update_once
+    log "installing libvirt from bookworm-backports"
+    apt_install -t bookworm-backports libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients
+    did+=("installed libvirt $(virsh --version 2>/dev/null || echo '?')")
 fi
 
 # ---------------------------------------------------------------- guest kernel
