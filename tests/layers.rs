@@ -526,6 +526,22 @@ fn read_tree(src_dir: &Path) -> Tree {
     }
 }
 
+/// The names the module map may give file `f`: `a/b/c.rs` is `a/b/c.rs`,
+/// `b/c.rs` or `c.rs`; a `mod.rs` also its folder (`a/b/`, `b/`), and only
+/// a top-level folder's `mod.rs` is plain `mod.rs`.
+fn names_of(f: &str) -> Vec<String> {
+    let parts: Vec<&str> = f.split('/').collect();
+    let mut names: Vec<String> = (0..parts.len()).map(|k| parts[k..].join("/")).collect();
+    if parts.last() == Some(&"mod.rs") {
+        let dir = &parts[..parts.len() - 1];
+        names.extend((0..dir.len()).map(|k| format!("{}/", dir[k..].join("/"))));
+        if parts.len() > 2 {
+            names.retain(|n| n != "mod.rs");
+        }
+    }
+    names
+}
+
 /// Everything wrong with `tree` against `rows`, one line each.
 fn check(tree: &Tree, rows: &[Row], being_removed: &[(&str, &str)]) -> Vec<String> {
     let mut errors = Vec::new();
@@ -559,19 +575,32 @@ fn check(tree: &Tree, rows: &[Row], being_removed: &[(&str, &str)]) -> Vec<Strin
             ));
             continue;
         };
-        // `a/b/c.rs` may be named `a/b/c.rs`, `b/c.rs` or `c.rs`; a `mod.rs`
-        // also by its folder (`a/b/`, `b/`).
-        let parts: Vec<&str> = f.split('/').collect();
-        let mut names: Vec<String> = (0..parts.len()).map(|k| parts[k..].join("/")).collect();
-        if parts.last() == Some(&"mod.rs") {
-            let dir = &parts[..parts.len() - 1];
-            names.extend((0..dir.len()).map(|k| format!("{}/", dir[k..].join("/"))));
-            if parts.len() > 2 {
-                names.retain(|n| n != "mod.rs");
-            }
-        }
+        let names = names_of(f);
         if !names.iter().any(|n| r.names.contains(n)) {
             errors.push(format!("module map: layer {} does not name {f}", r.layer));
+        }
+    }
+    // And every file the map names is still there.
+    for r in rows {
+        for n in r
+            .names
+            .iter()
+            .filter(|n| n.ends_with(".rs") || n.ends_with('/'))
+        {
+            if n.starts_with("examples/") || n.starts_with("tests/") {
+                continue;
+            }
+            let exists = tree
+                .files
+                .iter()
+                .filter(|f| r.modules.contains(&top_module(f)))
+                .any(|f| names_of(f).contains(n));
+            if !exists {
+                errors.push(format!(
+                    "module map: layer {} names `{n}`, which is no module file of the layer",
+                    r.layer
+                ));
+            }
         }
     }
     let excused = |i: &Import| being_removed.contains(&(i.from.as_str(), i.to.as_str()));
@@ -758,7 +787,7 @@ fn groups_and_super_paths_are_resolved() {
 fn tiny_map(may_import_of_low: &str) -> Vec<Row> {
     let md = format!(
         "# x\n\n## Module map\n\n| layer | modules | owns | may import |\n|---|---|---|---|\n\
-         | high | `high.rs` | `mod.rs` | any module |\n\
+         | high | `high.rs` | the top | any module |\n\
          | low | `low/` | `mod.rs`, `part.rs` | {may_import_of_low} |\n"
     );
     parse_map(&md).unwrap()
@@ -808,4 +837,11 @@ fn a_forbidden_import_a_circle_and_an_unlisted_file_fail() {
     tree.files.push("low/new.rs".into());
     let e = check(&tree, &tiny_map("none"), &[]);
     assert_eq!(e, vec!["module map: layer low does not name low/new.rs"]);
+    let mut tree = tiny_tree(&[]);
+    tree.files.retain(|f| f != "low/part.rs");
+    let e = check(&tree, &tiny_map("none"), &[]);
+    assert_eq!(
+        e,
+        vec!["module map: layer low names `part.rs`, which is no module file of the layer"]
+    );
 }
