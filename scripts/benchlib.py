@@ -1,6 +1,7 @@
-"""Shared pieces of the benchmark scripts: start vqblk serve or
-qemu-storage-daemon, run `vqblk bench` against a socket or a file, and read a
-server's CPU time from /proc (summed over all of its threads)."""
+"""Shared pieces of scripts/bench.py: start vqblk serve or
+qemu-storage-daemon, run `vqblk bench` against a socket or a file, read a
+server's CPU time from /proc (summed over all of its threads), and measure the
+cache-line round trip between two CPUs."""
 import json
 import os
 import shutil
@@ -73,11 +74,11 @@ def null_latency(backend):
 
 def pinned(args, cpus):
     """`args` run under `taskset -c CPUS` (every thread of the process) when
-    cpus is given (e.g. "1"), as issue 16 pins the server."""
+    cpus is given (e.g. "1")."""
     return ["taskset", "-c", cpus, *args] if cpus else list(args)
 
 
-def start_vqblk(backend, image, sock, queues=1, iothreads=1, extra=(), binary=None, env=None, cpus=None):
+def start_vqblk(backend, image, sock, queues=1, iothreads=1, extra=(), binary=None, cpus=None):
     args = [binary or VQBLK, "serve", "--socket", sock, "--queues", str(queues), "--iothreads", str(iothreads),
             "--log-level", "warn", *extra]
     latency = null_latency(backend)
@@ -87,7 +88,7 @@ def start_vqblk(backend, image, sock, queues=1, iothreads=1, extra=(), binary=No
             args += ["--latency-ns", str(latency)]
     else:
         args += ["--image", image, "--cache", "none"]
-    return subprocess.Popen(pinned(args, cpus), stdout=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+    return subprocess.Popen(pinned(args, cpus), stdout=subprocess.DEVNULL)
 
 
 def start_qsd(backend, image, sock, queues=1, poll_max_ns=None, cpus=None):
@@ -204,18 +205,32 @@ def make_image(path, size_mib=512):
         os.fsync(f.fileno())
 
 
-def ensure_tools():
+def cacheline_rtt(cpus):
+    """The cache-line round trip between two CPUs in ns (scripts/cacheline-rtt.sh), NaN if it failed.
+    The host may place two vCPUs on cores that share a cache or not, and every
+    cross-CPU figure follows: runs compare only in the same mode."""
+    out = subprocess.run([os.path.join(ROOT, "scripts", "cacheline-rtt.sh"), *cpus],
+                         capture_output=True, text=True).stdout
+    try:
+        return float(out.split(": ")[1].split()[0])
+    except (IndexError, ValueError):
+        return float("nan")
+
+
+def ensure_tools(qsd=True):
+    """Builds this tree's vqblk if it is missing; checks qemu-storage-daemon when it is needed."""
     if not os.path.exists(VQBLK):
         subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=ROOT, check=True)
-    if not shutil.which("qemu-storage-daemon"):
+    if qsd and not shutil.which("qemu-storage-daemon"):
         sys.exit("qemu-storage-daemon not found (Debian qemu-utils; run scripts/install-deps.sh)")
 
 
 def versions():
+    qsd = shutil.which("qemu-storage-daemon")
     return {
         "vqblk": subprocess.run([VQBLK, "--version"], capture_output=True, text=True).stdout.strip(),
-        "qemu-storage-daemon": subprocess.run(["qemu-storage-daemon", "--version"], capture_output=True,
-                                              text=True).stdout.splitlines()[0],
+        "qemu-storage-daemon": subprocess.run([qsd, "--version"], capture_output=True,
+                                              text=True).stdout.splitlines()[0] if qsd else None,
         "kernel": os.uname().release,
         "cpus": os.cpu_count(),
         "cpu_model": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")),

@@ -3,9 +3,9 @@
 # CPU hands an atomic flag back and forth 2M times. Every ring access that
 # crosses from the driver's CPU to the IOThread's pays this, so on a VM whose
 # vCPUs the host sometimes places on cores that share no cache, every
-# cross-CPU benchmark figure moves with it (docs/performance.md, "Why this
-# host's figures come in two modes"). Run it before and after a benchmark
-# and compare only runs in the same mode.
+# cross-CPU benchmark figure moves with it (docs/performance.md, "The host's
+# cache-line round trip"). scripts/bench.py serve runs it before and after
+# every run; compare only runs in the same mode.
 #
 # usage: scripts/cacheline-rtt.sh [CPU_A] [CPU_B] [SAMPLES]   (default 0 1 1)
 set -euo pipefail

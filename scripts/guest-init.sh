@@ -629,7 +629,7 @@ ro)
     fi
     ;;
 irq)
-    # Interrupts per request under a QD16 load (issue 16): 16 readers of
+    # Interrupts per request under a QD16 load: 16 readers of
     # 4 KiB O_DIRECT blocks at once, vqblk.blocks blocks each, from all
     # CPUs; the device's interrupts (its virtio request vectors in
     # /proc/interrupts) over the reads it completed (/sys/block/DEV/stat).

@@ -14,6 +14,9 @@ scripts/install-deps.sh
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
+step "python scripts compile"
+python3 -m py_compile scripts/*.py
+
 step "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 

@@ -30,6 +30,7 @@ use crate::stats::DaemonSnapshot;
 use crate::vhost_user::{serve_frontend, wait_readable, ExportShared, SessionEnd};
 use crate::virtio::{BlkGeometry, SECTOR_SIZE};
 
+mod control_target;
 pub mod queue_move;
 
 /// Largest data segment we accept (virtio-blk `size_max`).

@@ -12,16 +12,12 @@
 //! | `stats-reset` | none | `{}`: query-* count from now on |
 //! | `queue-move` | `export`, `queue`, `iothread` | `{}` |
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
 
-use super::{code, RpcError};
+use super::{code, ControlTarget, RpcError};
 use crate::config::{BackendKind, ExportConfig};
-use crate::daemon::queue_move::MoveError;
-use crate::daemon::{DaemonError, DaemonState, DelError};
-use crate::iothread::Command;
 use crate::poll::{PollMode, PollParams};
 use crate::stats::{DaemonSnapshot, IoThreadSnapshot};
 
@@ -105,13 +101,13 @@ impl Params {
 
 /// The control socket's view of the daemon, and the `stats-reset` baseline.
 pub(crate) struct Methods {
-    state: Arc<DaemonState>,
+    state: Arc<dyn ControlTarget>,
     /// Counters at the last `stats-reset`: query-* report what happened since.
     baseline: Option<DaemonSnapshot>,
 }
 
 impl Methods {
-    pub(crate) fn new(state: Arc<DaemonState>) -> Self {
+    pub(crate) fn new(state: Arc<dyn ControlTarget>) -> Self {
         Methods {
             state,
             baseline: None,
@@ -140,11 +136,8 @@ impl Methods {
                 let name = p.req_str("name")?;
                 let force = p.flag("force")?;
                 p.finish(method)?;
-                match self.state.del_export(&name, force) {
-                    Ok(()) => Ok(json!({})),
-                    Err(e @ DelError::NoSuchExport(_)) => Err(RpcError::param("name", e)),
-                    Err(e @ DelError::InUse(_)) => Err(RpcError::failed(e.to_string())),
-                }
+                self.state.del_export(&name, force)?;
+                Ok(json!({}))
             }
             "stats-reset" => {
                 p.finish(method)?;
@@ -166,18 +159,18 @@ impl Methods {
 
     fn query_iothreads(&self) -> Value {
         let stats = self.stats();
-        let exports = self.state.exports.lock().unwrap();
+        let exports = self.state.exports();
         let threads: Vec<Value> = stats
             .iothreads
             .iter()
-            .zip(&self.state.info)
+            .zip(self.state.iothreads())
             .enumerate()
             .map(|(id, (s, info))| {
-                let (mode, params) = *info.poll.lock().unwrap();
+                let (mode, params) = info.poll;
                 let owned: Vec<Value> = exports
                     .iter()
                     .flat_map(|e| {
-                        e.map()
+                        e.map
                             .queues_of(id)
                             .into_iter()
                             .map(|q| json!({ "export": e.name, "queue": q }))
@@ -215,11 +208,12 @@ impl Methods {
 
     fn query_exports(&self) -> Value {
         let stats = self.stats();
-        let exports = self.state.exports.lock().unwrap();
-        let list: Vec<Value> = exports
+        let list: Vec<Value> = self
+            .state
+            .exports()
             .iter()
             .map(|e| {
-                let map = e.map();
+                let map = &e.map;
                 let queues: Vec<Value> = (0..map.num_queues())
                     .map(|q| {
                         // A queue's counters live with each IOThread that served it.
@@ -267,10 +261,10 @@ impl Methods {
                     "backend": backend_name(c.backend),
                     "cache": format!("{:?}", c.cache).to_lowercase(),
                     "read-only": c.read_only,
-                    "size-bytes": e.device.disk.size,
+                    "size-bytes": e.size_bytes,
                     "num-queues": map.num_queues(),
                     "queue-size": c.queue_size,
-                    "connected": e.connected.load(Ordering::Acquire),
+                    "connected": e.connected,
                     "queues": queues,
                 })
             })
@@ -279,8 +273,8 @@ impl Methods {
     }
 
     fn iothread_set(&mut self, mut p: Params) -> Result<Value, RpcError> {
-        let pool = self.state.iothreads.len();
-        let id = p.req_u64("id", pool as u64 - 1)? as usize;
+        let iothreads = self.state.iothreads();
+        let id = p.req_u64("id", iothreads.len() as u64 - 1)? as usize;
         let mode = match p.str("poll")? {
             None => None,
             Some(m) => Some(
@@ -297,8 +291,7 @@ impl Methods {
         let shrink = p.u64("poll-shrink", u64::MAX)?;
         let weight = p.u64("poll-weight", u32::MAX as u64)?;
         p.finish("iothread-set")?;
-        let mut current = self.state.info[id].poll.lock().unwrap();
-        let (old_mode, old) = *current;
+        let (old_mode, old) = iothreads[id].poll;
         let params = PollParams {
             poll_max_ns: max_ns.unwrap_or(old.poll_max_ns),
             poll_grow: grow.unwrap_or(old.poll_grow),
@@ -317,8 +310,7 @@ impl Methods {
             }
             (None, _) => old_mode,
         };
-        self.state.iothreads[id].send(Command::SetPoll { mode, params });
-        *current = (mode, params);
+        self.state.set_poll(id, mode, params);
         Ok(poll_json(mode, params))
     }
 
@@ -330,11 +322,8 @@ impl Methods {
                 "missing (export-add needs a name to address the export by)",
             ));
         }
-        match self.state.add_export(&config) {
-            Ok(name) => Ok(json!({ "name": name })),
-            Err(DaemonError::Config(e)) => Err(RpcError::param(&e.field, e.message)),
-            Err(e) => Err(RpcError::failed(e.to_string())),
-        }
+        let name = self.state.add_export(&config)?;
+        Ok(json!({ "name": name }))
     }
 
     fn queue_move(&mut self, mut p: Params) -> Result<Value, RpcError> {
@@ -342,38 +331,31 @@ impl Methods {
         let queue = p.req_u64("queue", u16::MAX as u64)? as u16;
         let iothread = p.req_u64("iothread", u64::MAX)? as usize;
         p.finish("queue-move")?;
-        let num_queues = {
-            let exports = self.state.exports.lock().unwrap();
-            let e = exports
-                .iter()
-                .find(|e| e.name == export)
-                .ok_or_else(|| RpcError::param("export", format!("no export named {export:?}")))?;
-            e.map().num_queues()
-        };
+        let num_queues = self
+            .state
+            .exports()
+            .iter()
+            .find(|e| e.name == export)
+            .ok_or_else(|| RpcError::param("export", format!("no export named {export:?}")))?
+            .map
+            .num_queues();
         if queue >= num_queues {
             let m = format!("export {export:?} has queues 0..{num_queues}, not {queue}");
             return Err(RpcError::param("queue", m));
         }
-        let pool = self.state.iothreads.len();
+        let pool = self.state.iothreads().len();
         if iothread >= pool {
             let m = format!("IOThread {iothread} does not exist (the pool has 0..{pool})");
             return Err(RpcError::param("iothread", m));
         }
-        match self.state.move_queue(&export, queue, iothread) {
-            Ok(m) => Ok(json!({
-                "from": m.from,
-                "to": m.to,
-                "handed-over": m.handed_over,
-                "drained": m.drained,
-                "stall-us": m.stall.as_micros() as u64,
-            })),
-            Err(e @ MoveError::UnknownExport { .. }) => {
-                Err(RpcError::param("export", e.to_string()))
-            }
-            Err(e @ MoveError::Queue { .. }) => Err(RpcError::param("queue", e.to_string())),
-            Err(e @ MoveError::IoThread { .. }) => Err(RpcError::param("iothread", e.to_string())),
-            Err(e) => Err(RpcError::failed(e.to_string())),
-        }
+        let m = self.state.move_queue(&export, queue, iothread)?;
+        Ok(json!({
+            "from": m.from,
+            "to": m.to,
+            "handed-over": m.handed_over,
+            "drained": m.drained,
+            "stall-us": m.stall.as_micros() as u64,
+        }))
     }
 }
 

@@ -7,16 +7,18 @@
 //! clients, reads what a client sent, and answers each complete line in
 //! order. A line longer than [`MAX_REQUEST`] bytes is answered with an error
 //! and the client is closed; a client that goes away in the middle of a line
-//! is simply forgotten. The thread reaches the data path only the way the
-//! export threads do: through `iothread::Command`s (`iothread-set`) and by
-//! starting or stopping export threads (`export-add` / `export-del`); it reads
-//! counters, never writes them (`stats-reset` keeps a baseline here, so that
-//! counters stay monotonic for Prometheus).
+//! is simply forgotten. The thread knows the daemon only through the
+//! [`ControlTarget`] the daemon hands it, which reaches the data path the way
+//! the export threads do: through `iothread::Command`s (`iothread-set`) and
+//! by starting or stopping export threads (`export-add` / `export-del`). It
+//! reads counters, never writes them (`stats-reset` keeps a baseline here, so
+//! that counters stay monotonic for Prometheus).
 //!
 //! Methods (named after QMP where QMP has one): see [`methods`].
 
 pub mod client;
 pub mod methods;
+mod target;
 #[cfg(test)]
 mod tests;
 
@@ -31,10 +33,10 @@ use log::{debug, error, warn};
 use serde_json::{json, Map, Value};
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::daemon::DaemonState;
 use crate::seccomp::{SeccompMode, ThreadKind};
 
 pub use methods::METHODS;
+pub use target::{ControlTarget, ExportView, IoThreadView, QueueMoved};
 
 /// Longest request line, bytes (1 MiB): a longer one is refused and its
 /// client closed.
@@ -103,11 +105,11 @@ impl RpcError {
     }
 }
 
-/// Starts the control socket's thread on `listener`; it ends when `shutdown`
-/// is written.
+/// Starts the control socket's thread on `listener`, serving `target`; it
+/// ends when `shutdown` is written.
 pub(crate) fn spawn(
     listener: UnixListener,
-    state: Arc<DaemonState>,
+    target: Arc<dyn ControlTarget>,
     shutdown: Arc<EventFd>,
     seccomp: SeccompMode,
 ) -> io::Result<JoinHandle<()>> {
@@ -117,7 +119,7 @@ pub(crate) fn spawn(
             if let Err(e) = crate::seccomp::apply(ThreadKind::Rpc, seccomp) {
                 error!("{e}: the control socket's thread runs without a filter");
             }
-            let mut methods = methods::Methods::new(state);
+            let mut methods = methods::Methods::new(target);
             serve(&listener, &shutdown, |line| handle_line(&mut methods, line));
         })
 }

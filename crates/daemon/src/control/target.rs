@@ -1,0 +1,81 @@
+//! What the control socket sees of the daemon and may ask of it.
+//!
+//! The process layer (`daemon`) owns the IOThread pool and the exports and
+//! starts the control socket's thread, handing it a [`ControlTarget`]. The
+//! control socket knows the daemon only through this trait, defined on its
+//! side, so the dependency runs one way: process -> control socket, the order
+//! of ARCHITECTURE.md's layer table (checked by `tests/layers.rs`).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::RpcError;
+use crate::config::ExportConfig;
+use crate::mapping::VirtqueueMap;
+use crate::poll::{PollMode, PollParams};
+use crate::stats::DaemonSnapshot;
+
+/// The daemon as the control socket drives it. Errors are the control
+/// socket's: a refusal naming the parameter at fault
+/// ([`RpcError::param`]) or a failure ([`RpcError::failed`]).
+pub trait ControlTarget: Send + Sync {
+    /// Counters of every IOThread, now.
+    fn stats(&self) -> DaemonSnapshot;
+    /// The IOThread pool, in id order.
+    fn iothreads(&self) -> Vec<IoThreadView>;
+    /// The running exports, in the order they were added.
+    fn exports(&self) -> Vec<ExportView>;
+    /// Gives IOThread `id` (one of the pool's) a new polling algorithm and knobs.
+    fn set_poll(&self, id: usize, mode: PollMode, params: PollParams);
+    /// Validates `config` as one more export (the keys of a TOML
+    /// `[[export]]`), opens it and serves it; returns its name.
+    fn add_export(&self, config: &ExportConfig) -> Result<String, RpcError>;
+    /// Removes export `name`; one with a frontend connected only if `force`
+    /// (its rings are drained first).
+    fn del_export(&self, name: &str, force: bool) -> Result<(), RpcError>;
+    /// Moves virtqueue `queue` of `export` to IOThread `iothread` while the
+    /// guest runs.
+    fn move_queue(&self, export: &str, queue: u16, iothread: usize)
+        -> Result<QueueMoved, RpcError>;
+}
+
+/// One IOThread of the pool.
+#[derive(Debug, Clone)]
+pub struct IoThreadView {
+    /// Host CPUs the thread is pinned to.
+    pub cpus: Option<Vec<usize>>,
+    /// Its polling algorithm and knobs now.
+    pub poll: (PollMode, PollParams),
+}
+
+/// One running export.
+#[derive(Debug, Clone)]
+pub struct ExportView {
+    /// Export name.
+    pub name: String,
+    /// Its vhost-user socket.
+    pub socket: PathBuf,
+    /// Its settings as given (image, backend, cache...).
+    pub config: ExportConfig,
+    /// The disk's size in bytes.
+    pub size_bytes: u64,
+    /// Owner IOThread of each queue now (after any `queue-move`).
+    pub map: VirtqueueMap,
+    /// A frontend is connected.
+    pub connected: bool,
+}
+
+/// What a `queue-move` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueMoved {
+    /// The IOThread that owned the queue.
+    pub from: usize,
+    /// The IOThread that owns it now.
+    pub to: usize,
+    /// A running ring was handed over (false: only the mapping changed, or nothing).
+    pub handed_over: bool,
+    /// Requests in flight on the queue when the move began.
+    pub drained: usize,
+    /// How long the queue was not popped, at most.
+    pub stall: Duration,
+}

@@ -1,0 +1,85 @@
+//! The daemon as the control socket sees it: [`ControlTarget`] over
+//! [`DaemonState`], and the daemon's errors as the control socket's refusals
+//! (each naming the parameter at fault, or a failure).
+
+use std::sync::atomic::Ordering;
+
+use super::queue_move::MoveError;
+use super::{DaemonError, DaemonState, DelError};
+use crate::config::ExportConfig;
+use crate::control::{ControlTarget, ExportView, IoThreadView, QueueMoved, RpcError};
+use crate::iothread::Command;
+use crate::poll::{PollMode, PollParams};
+use crate::stats::DaemonSnapshot;
+
+impl ControlTarget for DaemonState {
+    fn stats(&self) -> DaemonSnapshot {
+        DaemonState::stats(self)
+    }
+
+    fn iothreads(&self) -> Vec<IoThreadView> {
+        self.info
+            .iter()
+            .map(|i| IoThreadView {
+                cpus: i.cpus.clone(),
+                poll: *i.poll.lock().unwrap(),
+            })
+            .collect()
+    }
+
+    fn exports(&self) -> Vec<ExportView> {
+        let exports = self.exports.lock().unwrap();
+        exports
+            .iter()
+            .map(|e| ExportView {
+                name: e.name.clone(),
+                socket: e.socket.clone(),
+                config: e.config.clone(),
+                size_bytes: e.device.disk.size,
+                map: e.map(),
+                connected: e.connected.load(Ordering::Acquire),
+            })
+            .collect()
+    }
+
+    fn set_poll(&self, id: usize, mode: PollMode, params: PollParams) {
+        let mut current = self.info[id].poll.lock().unwrap();
+        self.iothreads[id].send(Command::SetPoll { mode, params });
+        *current = (mode, params);
+    }
+
+    fn add_export(&self, config: &ExportConfig) -> Result<String, RpcError> {
+        DaemonState::add_export(self, config).map_err(|e| match e {
+            DaemonError::Config(e) => RpcError::param(&e.field, e.message),
+            e => RpcError::failed(e.to_string()),
+        })
+    }
+
+    fn del_export(&self, name: &str, force: bool) -> Result<(), RpcError> {
+        DaemonState::del_export(self, name, force).map_err(|e| match e {
+            DelError::NoSuchExport(_) => RpcError::param("name", e),
+            DelError::InUse(_) => RpcError::failed(e.to_string()),
+        })
+    }
+
+    fn move_queue(
+        &self,
+        export: &str,
+        queue: u16,
+        iothread: usize,
+    ) -> Result<QueueMoved, RpcError> {
+        match DaemonState::move_queue(self, export, queue, iothread) {
+            Ok(m) => Ok(QueueMoved {
+                from: m.from,
+                to: m.to,
+                handed_over: m.handed_over,
+                drained: m.drained,
+                stall: m.stall,
+            }),
+            Err(e @ MoveError::UnknownExport { .. }) => Err(RpcError::param("export", e)),
+            Err(e @ MoveError::Queue { .. }) => Err(RpcError::param("queue", e)),
+            Err(e @ MoveError::IoThread { .. }) => Err(RpcError::param("iothread", e)),
+            Err(e) => Err(RpcError::failed(e.to_string())),
+        }
+    }
+}

@@ -1,0 +1,667 @@
+#!/usr/bin/env python3
+"""vqblk's benchmark driver: one client (`vqblk bench`, libblkio's
+virtio-blk driver, the same code as fio's libblkio engine) against vqblk and
+other servers, runs interleaved so that a drifting host hits every server
+alike, medians over --repeats runs. Figures, not pass/fail tests.
+
+Subcommands:
+  serve     vqblk against qemu-storage-daemon and native io_uring, null and
+            O_DIRECT file, QD1/QD16; --baseline BINARY adds another vqblk
+            build for an A/B (medians and ratios per cell)
+  polling   the polling modes (off, classic, weighted, busy, adaptive) and
+            qemu-storage-daemon on the same cells
+  client    is the load generator the bottleneck? one job's IOPS and CPU
+  fairness  a victim export's latency next to a flooding export on one IOThread
+  rbd       vqblk's rbd backend against qemu-storage-daemon's and native
+            librbd, on a throw-away local Ceph cluster
+
+`scripts/bench.py SUBCOMMAND --help` lists each one's options. Every
+subcommand builds `target/release/vqblk` if it is missing.
+"""
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import threading
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchlib  # noqa: E402
+from benchlib import (ROOT, cacheline_rtt, ensure_tools, make_image, median_of, run_bench,  # noqa: E402
+                      start_qsd, start_vqblk, stop, versions, wait_socket)
+
+SERVE_HELP = """vqblk serve against qemu-storage-daemon, same client, same run.
+
+Starts `vqblk serve` (adaptive polling, and `--poll off`) and
+`qemu-storage-daemon` on the same backend (null, and an O_DIRECT raw file),
+drives each with the same libblkio client (one job, 4k randread, iodepth 1 and
+16), and the same workload straight on the file with io_uring + O_DIRECT (no
+virtualization). Prints IOPS, p50/p99 completion latency, the server's CPU
+time per I/O (summed over all of its threads from /proc/PID/task/*/stat), the
+guest notifications (calls) per I/O (vqblk's own counters, --stats-file; "-"
+for qsd) and the client's sleeps per I/O (the job thread's voluntary context
+switches), as medians over --repeats runs, plus the ratios the targets are
+stated in. --wait-mode is the client's libblkio_wait_mode: block sleeps on
+completions (like a guest waiting for interrupts), loop busy-polls.
+
+Before and after every run the cache-line round trip between the server's
+and the client's CPU is measured (scripts/cacheline-rtt.sh; CPUs 0 and 1 when
+not pinned): the host may place two vCPUs near or far, every cross-CPU figure
+follows, and only runs in the same mode compare (docs/performance.md).
+
+A/B of two builds: --baseline BINARY adds that vqblk as "vqblk (baseline)",
+interleaved with the others (the order of the servers rotates every repeat),
+and prints per cell the medians of both and their ratios. For the A/B alone:
+--servers vqblk,baseline --cells null:1,null:16,file:16.
+"""
+
+
+SHORT_NAMES = {"baseline": "vqblk (baseline)", "poll-off": "vqblk --poll off", "qsd": "qemu-storage-daemon",
+               "native": "native io_uring"}
+
+
+def serve(a):
+    wanted = [SHORT_NAMES.get(s, s) for s in a.servers.split(",")] if a.servers else None
+    ensure_tools(qsd=not wanted or "qemu-storage-daemon" in wanted)
+    benchlib.VQBLK = a.client or benchlib.VQBLK
+    binary = a.vqblk
+    sc = a.server_cpus
+    rtt_cpus = None
+    if a.rtt_cpus:
+        rtt_cpus = a.rtt_cpus.split(",")
+    elif all(c is not None and c.isdigit() for c in (a.server_cpus, a.client_cpus)):
+        rtt_cpus = [a.server_cpus, a.client_cpus]
+    elif (os.cpu_count() or 1) >= 2 and not (a.server_cpus or a.client_cpus):
+        rtt_cpus = ["0", "1"]
+    if a.cells:
+        cells = [(c.split(":")[0], int(c.split(":")[1])) for c in a.cells.split(",") if c]
+    else:
+        cells = [(b, int(d)) for b in a.backends.split(",") if b for d in a.depths.split(",") if d]
+    backends = sorted({b for b, _ in cells}, key=["null", "file"].index)
+    work = a.dir or tempfile.mkdtemp(prefix="bench-serve-", dir=os.path.join(ROOT, "target"))
+    image = os.path.join(work, "bench.raw")
+    if "file" in backends:
+        make_image(image)
+
+    def stats_file(server, backend):
+        return os.path.join(work, f"{server.replace(' ', '_')}-{backend}.stats.json")
+
+    def vqblk(name, extra, binary):
+        return (name, lambda b, i, s: start_vqblk(b, i, s, binary=binary, cpus=sc,
+                                                  extra=extra + ["--stats-file", stats_file(name, b)]))
+
+    extra = shlex.split(a.extra)
+    servers = [
+        vqblk("vqblk", extra, binary),
+        vqblk("vqblk --poll off", extra + ["--poll", "off"], binary),
+        ("qemu-storage-daemon", lambda b, i, s: start_qsd(b, i, s, cpus=sc)),
+    ]
+    if a.baseline:
+        servers.insert(1, vqblk("vqblk (baseline)", shlex.split(a.baseline_extra), a.baseline))
+    if wanted:
+        servers = [s for s in servers if s[0] in wanted]
+    runs = {}
+    for backend in backends:
+        # All servers of a backend run at once (idle ones use no CPU).
+        procs = {}
+        try:
+            for server, start in servers:
+                sock = os.path.join(work, f"{server.replace(' ', '_')}-{backend}.sock")
+                if os.path.exists(sock):
+                    os.unlink(sock)
+                procs[server] = (start(backend, image, sock), sock)
+                wait_socket(sock, procs[server][0])
+            targets = [(name, f"unix:{sock}", p.pid) for name, (p, sock) in procs.items()]
+            # vqblk's own counters (calls per I/O) come from its stats file.
+            counters = {name: ["--server-pid", str(p.pid), "--server-stats", stats_file(name, backend)]
+                        for name, (p, _) in procs.items() if name.startswith("vqblk")}
+            if backend == "file" and (not wanted or "native io_uring" in wanted):
+                targets.append(("native io_uring", f"file:{image}", None))
+            if not targets:
+                continue
+            for rep in range(a.repeats):
+                k = rep % len(targets)
+                for be, depth in cells:
+                    if be != backend:
+                        continue
+                    for name, target, pid in targets[k:] + targets[:k]:
+                        extra_args = ["--libblkio_wait_mode", a.wait_mode] + counters.get(name, [])
+                        rtt = cacheline_rtt(rtt_cpus) if rtt_cpus else None
+                        r = run_bench(target, depth, a.runtime, pid, extra=extra_args, cpus=a.client_cpus)
+                        if rtt_cpus:
+                            r["cacheline_rtt_before_ns"] = rtt
+                            r["cacheline_rtt_after_ns"] = cacheline_rtt(rtt_cpus)
+                        runs.setdefault((name, backend, depth), []).append(r)
+                        cpu = f"  server CPU {r['server_cpu_us_per_io']:6.2f} us/IO" if pid else ""
+                        if "calls_per_io" in r:
+                            cpu += f"  calls {r['calls_per_io']:5.3f}/IO"
+                        if target.startswith("unix:"):
+                            cpu += f"  client sleeps {r['client_sleeps_per_io']:6.4f}/IO"
+                        if rtt_cpus:
+                            cpu += (f"  cache-line rtt {r['cacheline_rtt_before_ns']:.0f}"
+                                    f"/{r['cacheline_rtt_after_ns']:.0f} ns")
+                        print(f"[{rep + 1}/{a.repeats}] {name:20} {backend:5} qd{depth:<3} {r['iops']:10.0f} IOPS"
+                              f"  p50 {r['p50_us']:7.1f} us  p99 {r['p99_us']:8.1f} us{cpu}", flush=True)
+        finally:
+            for p, _ in procs.values():
+                stop(p)
+    results = [{"server": n, "backend": b, "iodepth": d, **median_of(rs), "runs": rs}
+               for (n, b, d), rs in runs.items()]
+
+    def get(server, backend, depth, key):
+        for r in results:
+            if (r["server"], r["backend"], r["iodepth"]) == (server, backend, depth):
+                return r.get(key, float("nan"))
+        return float("nan")
+
+    def ratio(x, y):
+        return x / y if y else float("nan")
+
+    print(f"\nclient libblkio_wait_mode={a.wait_mode}")
+    print("| server | backend | iodepth | IOPS | p50 (us) | p99 (us) | server CPU (ns/IO) | calls/IO |"
+          " client sleeps/IO | cache-line rtt (ns) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in sorted(results, key=lambda r: (r["backend"], r["iodepth"])):
+        cpu = f"{r['server_cpu_us_per_io'] * 1000:.0f}" if "server_cpu_us_per_io" in r else "-"
+        calls = f"{r['calls_per_io']:.3f}" if "calls_per_io" in r else "-"
+        sleeps = f"{r['client_sleeps_per_io']:.4f}" if r["server"] != "native io_uring" else "-"
+        rtt = (f"{r['cacheline_rtt_before_ns']:.0f}/{r['cacheline_rtt_after_ns']:.0f}"
+               if "cacheline_rtt_before_ns" in r else "-")
+        print(f"| {r['server']} | {r['backend']} | {r['iodepth']} | {r['iops']:.0f} | {r['p50_us']:.1f} |"
+              f" {r['p99_us']:.1f} | {cpu} | {calls} | {sleeps} | {rtt} |")
+    q, n = "qemu-storage-daemon", "native io_uring"
+    ratios = {
+        "null qd16 IOPS vqblk/qsd": ratio(get("vqblk", "null", 16, "iops"), get(q, "null", 16, "iops")),
+        "null qd1 server CPU per I/O vqblk/qsd":
+            ratio(get("vqblk", "null", 1, "server_cpu_us_per_io"), get(q, "null", 1, "server_cpu_us_per_io")),
+        "null qd1 server CPU per I/O vqblk --poll off/qsd":
+            ratio(get("vqblk --poll off", "null", 1, "server_cpu_us_per_io"),
+                  get(q, "null", 1, "server_cpu_us_per_io")),
+        "null qd16 IOPS vqblk --poll off/qsd":
+            ratio(get("vqblk --poll off", "null", 16, "iops"), get(q, "null", 16, "iops")),
+        "file qd16 IOPS vqblk/native": ratio(get("vqblk", "file", 16, "iops"), get(n, "file", 16, "iops")),
+        "file qd16 IOPS vqblk --poll off/native":
+            ratio(get("vqblk --poll off", "file", 16, "iops"), get(n, "file", 16, "iops")),
+        "file qd16 IOPS qsd/native": ratio(get(q, "file", 16, "iops"), get(n, "file", 16, "iops")),
+    }
+    print()
+    for k, v in ratios.items():
+        if v == v:  # not NaN: both cells ran
+            print(f"{k}: {v:.2f}")
+    ab = []
+    if a.baseline:
+        b = "vqblk (baseline)"
+        print("\nA/B: vqblk (B) against vqblk (baseline) (A), medians")
+        print("| cell | A IOPS | B IOPS | B/A IOPS | A CPU us/IO | B CPU us/IO | B/A CPU/IO |"
+              " A sleeps/IO | B sleeps/IO | A calls/IO | B calls/IO | A p50/p99 us | B p50/p99 us |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for backend, depth in cells:
+            g = {s: {k: get(s, backend, depth, k) for k in ("iops", "server_cpu_us_per_io", "client_sleeps_per_io",
+                                                           "calls_per_io", "p50_us", "p99_us")}
+                 for s in ("vqblk", b)}
+            A, B = g[b], g["vqblk"]
+            row = {"cell": f"{backend} qd{depth}", "iops_b_over_a": ratio(B["iops"], A["iops"]),
+                   "cpu_per_io_b_over_a": ratio(B["server_cpu_us_per_io"], A["server_cpu_us_per_io"])}
+            ab.append(row)
+            print(f"| {backend} QD{depth} | {A['iops'] / 1e3:.1f}K | {B['iops'] / 1e3:.1f}K | {row['iops_b_over_a']:.2f}"
+                  f" | {A['server_cpu_us_per_io']:.2f} | {B['server_cpu_us_per_io']:.2f} |"
+                  f" {row['cpu_per_io_b_over_a']:.2f} | {A['client_sleeps_per_io']:.4f} |"
+                  f" {B['client_sleeps_per_io']:.4f} | {A['calls_per_io']:.3f} | {B['calls_per_io']:.3f} |"
+                  f" {A['p50_us']:.1f}/{A['p99_us']:.1f} | {B['p50_us']:.1f}/{B['p99_us']:.1f} |")
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"versions": versions(), "args": vars(a), "results": results, "ratios": ratios,
+                       "ab": ab}, f, indent=2, default=str)
+
+
+POLLING_HELP = """Polling modes of vqblk serve, and qemu-storage-daemon, on the same cells.
+
+For each server configuration (vqblk with --poll off / classic (QEMU defaults)
+/ weighted (poll-weight 3) / busy / adaptive, and qemu-storage-daemon with its
+defaults) on the null backend and an O_DIRECT raw file, runs 4k randread and
+randwrite with 1 and 2 jobs at iodepth 1, 4 and 16 through the same libblkio
+client, and reports IOPS, p99 completion latency and the server's CPU seconds
+per second (all threads, from /proc). The summary compares adaptive against
+busy and weighted.
+
+A backend "null:NS" is the null backend completing each request NS ns after
+submission (vqblk --latency-ns, qemu-storage-daemon null-co latency-ns): a
+device with a fixed latency, as a fast NVMe drive, where intervals are long
+against a wake-up. Such cells are summarised apart from null and file.
+"""
+
+POLL_SERVERS = {
+    "off": ["--poll", "off"],
+    "classic": ["--poll", "classic", "--poll-max-ns", "32768"],
+    "weighted": ["--poll", "weighted", "--poll-weight", "3"],
+    "busy": ["--poll", "busy"],
+    "adaptive": ["--poll", "adaptive"],
+}
+
+
+def polling(a):
+    ensure_tools()
+    servers_args = {k: list(v) for k, v in POLL_SERVERS.items()}
+    if a.poll_max_ns is not None:
+        servers_args["classic"] = ["--poll", "classic"]
+        for k in ("classic", "weighted", "adaptive"):
+            servers_args[k] += ["--poll-max-ns", str(a.poll_max_ns)]
+    work = tempfile.mkdtemp(prefix="bench-polling-", dir=os.path.join(ROOT, "target"))
+    image = os.path.join(work, "bench.raw")
+    if "file" in a.backends.split(","):
+        make_image(image, 256)
+    cells = [(rw, j, d) for rw in a.rws.split(",") for j in map(int, a.jobs.split(","))
+             for d in map(int, a.depths.split(","))]
+    max_jobs = max(j for _, j, _ in cells)
+    results = []
+    for backend in a.backends.split(","):
+        # Every server of a backend runs at once (idle ones sleep: no queue is
+        # attached between runs) and each cell is run on every server in turn.
+        procs = {}
+        try:
+            for server in a.servers.split(","):
+                sock = os.path.join(work, f"{server}-{backend.replace(':', '-')}.sock")
+                if os.path.exists(sock):
+                    os.unlink(sock)
+                if server == "qsd":
+                    proc = start_qsd(backend, image, sock, queues=max_jobs, poll_max_ns=a.poll_max_ns)
+                else:
+                    proc = start_vqblk(backend, image, sock, queues=max_jobs, iothreads=1,
+                                       extra=servers_args[server], binary=a.vqblk)
+                procs[server] = (proc, sock)
+                wait_socket(sock, proc)
+            for rw, jobs, depth in cells:
+                runs = {server: [] for server in procs}
+                for _ in range(a.repeats):
+                    for server, (proc, sock) in procs.items():
+                        runs[server].append(run_bench(f"unix:{sock}", depth, a.runtime, proc.pid, rw=rw,
+                                                      numjobs=jobs))
+                for server, rs in runs.items():
+                    m = median_of(rs)
+                    results.append({"server": server, "backend": backend, "rw": rw, "jobs": jobs,
+                                    "iodepth": depth, **m})
+                    print(f"{server:9} {backend:4} {rw:9} j{jobs} qd{depth:<2} {m['iops']:9.0f} IOPS"
+                          f"  p99 {m['p99_us']:8.1f} us  CPU {m['server_cpu_per_s']:5.2f} s/s", flush=True)
+        finally:
+            for proc, _ in procs.values():
+                stop(proc)
+
+    def cell(server, backend, rw, jobs, depth):
+        for r in results:
+            if (r["server"], r["backend"], r["rw"], r["jobs"], r["iodepth"]) == (server, backend, rw, jobs, depth):
+                return r
+        return None
+
+    servers = a.servers.split(",")
+    print("\n| backend | rw | jobs | iodepth | " + " | ".join(f"{s} IOPS / p99 us / CPU" for s in servers) + " |")
+    print("|---|---|---|---|" + "---|" * len(servers))
+    summary = []
+    for backend in a.backends.split(","):
+        for rw, jobs, depth in cells:
+            row = []
+            for s in servers:
+                r = cell(s, backend, rw, jobs, depth)
+                row.append(f"{r['iops']:.0f} / {r['p99_us']:.0f} / {r['server_cpu_per_s']:.2f}" if r else "-")
+            print(f"| {backend} | {rw} | {jobs} | {depth} | " + " | ".join(row) + " |")
+            ad, busy, wt = (cell(s, backend, rw, jobs, depth) for s in ("adaptive", "busy", "weighted"))
+            if ad and busy and wt:
+                summary.append({
+                    "cell": f"{backend} {rw} j{jobs} qd{depth}",
+                    "backend": backend,
+                    "iops_vs_busy": ad["iops"] / busy["iops"],
+                    "cpu_vs_busy": ad["server_cpu_per_s"] / busy["server_cpu_per_s"],
+                    "cpu_per_io_vs_weighted": (ad["server_cpu_per_s"] / ad["iops"])
+                    / (wt["server_cpu_per_s"] / wt["iops"]),
+                })
+    if summary:
+        print("\n| cell | adaptive IOPS / busy | adaptive CPU / busy | adaptive CPU per I/O / weighted |")
+        print("|---|---|---|---|")
+        for s in summary:
+            print(f"| {s['cell']} | {s['iops_vs_busy']:.2f} | {s['cpu_vs_busy']:.2f} | {s['cpu_per_io_vs_weighted']:.2f} |")
+        groups = [("null and file cells", [s for s in summary if s["backend"] in ("null", "file")]),
+                  ("device-latency cells (null:NS)", [s for s in summary if s["backend"] not in ("null", "file")])]
+        for title, rows in groups:
+            if not rows:
+                continue
+            n = len(rows)
+            print(f"\n{title}:")
+            print(f"min adaptive IOPS / busy: {min(s['iops_vs_busy'] for s in rows):.2f} (goal >= 0.95)")
+            print(f"mean adaptive CPU / busy: {sum(s['cpu_vs_busy'] for s in rows) / n:.2f} (goal <= 0.75)")
+            print(f"cells where adaptive CPU per I/O > weighted: "
+                  f"{sum(1 for s in rows if s['cpu_per_io_vs_weighted'] > 1.0)} of {n}")
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"versions": versions(), "runtime": a.runtime, "repeats": a.repeats,
+                       "poll_max_ns": a.poll_max_ns, "results": results,
+                       "summary": summary}, f, indent=2)
+
+
+CLIENT_HELP = """Is the load generator the bottleneck? How many IOPS one `vqblk bench` job
+thread issues, and its CPU per I/O, with libblkio wait mode `loop` against the
+null backend (vqblk serve busy-polling, so the server is as fast as it gets,
+and qemu-storage-daemon's null-co for comparison), next to the same client in
+native io_uring mode on a tmpfs file (no device behind it).
+"""
+
+
+def client(a):
+    ensure_tools()
+    work = tempfile.mkdtemp(prefix="bench-client-", dir=os.path.join(ROOT, "target"))
+    shm = tempfile.mkdtemp(prefix="vqblk-bench-client-", dir="/dev/shm")
+    tmpfs_file = os.path.join(shm, "f.raw")
+    with open(tmpfs_file, "wb") as f:
+        f.truncate(256 << 20)
+    rows = []
+    try:
+        for name, start in [("vqblk serve null, --poll busy",
+                             lambda s: start_vqblk("null", None, s, extra=["--poll", "busy"], binary=a.vqblk)),
+                            ("qemu-storage-daemon null-co", lambda s: start_qsd("null", None, s))]:
+            sock = os.path.join(work, f"{len(rows)}.sock")
+            proc = start(sock)
+            try:
+                wait_socket(sock, proc)
+                for depth in [1, 16]:
+                    runs = [run_bench(f"unix:{sock}", depth, a.runtime, proc.pid,
+                                      extra=["--libblkio_wait_mode=loop"]) for _ in range(a.repeats)]
+                    rows.append((f"{name}, wait loop", depth, median_of(runs)))
+            finally:
+                stop(proc)
+        for depth in [1, 16]:
+            runs = [run_bench(f"file:{tmpfs_file}", depth, a.runtime, extra=["--direct=0"])
+                    for _ in range(a.repeats)]
+            rows.append(("native io_uring, tmpfs file", depth, median_of(runs)))
+    finally:
+        os.unlink(tmpfs_file)
+        os.rmdir(shm)
+    print("| client target | iodepth | IOPS (one job thread) | client CPU per I/O (us) | p50 (us) |")
+    print("|---|---|---|---|---|")
+    for name, depth, m in rows:
+        print(f"| {name} | {depth} | {m['iops']:.0f} | {m['client_cpu_us_per_io']:.2f} | {m['p50_us']:.1f} |")
+
+
+FAIRNESS_HELP = """Fairness between exports that share an IOThread.
+
+Two null exports on ONE IOThread: `flood` (several queues, each driven by a job
+at a large iodepth) and `victim` (one queue, iodepth 1). The victim's p50/p99
+completion latency is measured alone and under the flood, interleaved, medians
+of --repeats runs; the verdict is p99 under flood / p99 alone (goal <= 2).
+
+On a 2-core machine every client thread competes for the client CPU: with
+more flood jobs than client cores the victim's latency measures the client's
+scheduler, not the server. Hence one flood job by default.
+"""
+
+
+def fairness_config(d, latency_ns, flood_queues, server_cpu):
+    extra = f"latency-ns = {latency_ns}\n" if latency_ns else ""
+    pin = f'[[iothreads.thread]]\nid = 0\ncpuset = "{server_cpu}"\n' if server_cpu else ""
+    return f"""
+[iothreads]
+count = 1
+{pin}
+[[export]]
+name = "flood"
+backend = "null"
+size = "1G"
+socket = "{d}/flood.sock"
+queues = {flood_queues}
+{extra}
+[[export]]
+name = "victim"
+backend = "null"
+size = "1G"
+socket = "{d}/victim.sock"
+queues = 1
+{extra}"""
+
+
+def fairness(a):
+    ensure_tools(qsd=False)
+    benchlib.VQBLK = a.vqblk
+    with tempfile.TemporaryDirectory() as d:
+        cfg = os.path.join(d, "vqblk.toml")
+        with open(cfg, "w") as f:
+            f.write(fairness_config(d, a.latency_ns, a.flood_jobs, a.server_cpu))
+        if a.client_cpus:
+            os.sched_setaffinity(0, {int(c) for c in a.client_cpus.split(",")})
+        server = subprocess.Popen(["taskset", "-c", a.server_cpu or "0-1023", a.vqblk, "serve", "--config", cfg,
+                                   "--log-level", "warn"])
+        try:
+            wait_socket(f"{d}/victim.sock", server)
+            wait_socket(f"{d}/flood.sock", server)
+            alone, flooded = [], []
+            for rep in range(a.repeats):
+                alone.append(run_bench(f"unix:{d}/victim.sock", 1, a.runtime))
+                flood_out = {}
+
+                def flood():
+                    flood_out["r"] = run_bench(f"unix:{d}/flood.sock", a.flood_iodepth, a.runtime + 2,
+                                               numjobs=a.flood_jobs)
+
+                t = threading.Thread(target=flood)
+                t.start()
+                r = run_bench(f"unix:{d}/victim.sock", 1, a.runtime)
+                t.join()
+                r["flood_iops"] = flood_out["r"]["iops"]
+                flooded.append(r)
+                print(f"run {rep + 1}: victim alone p99 {alone[-1]['p99_us']:.1f} us, "
+                      f"under flood p99 {r['p99_us']:.1f} us (flood {r['flood_iops'] / 1e3:.0f}K IOPS)",
+                      flush=True)
+        finally:
+            stop(server)
+    ma, mf = median_of(alone), median_of(flooded)
+    print(f"\nvictim (qd1) alone:       {ma['iops'] / 1e3:8.1f}K IOPS  p50 {ma['p50_us']:7.1f} us  p99 {ma['p99_us']:7.1f} us")
+    print(f"victim under flood:       {mf['iops'] / 1e3:8.1f}K IOPS  p50 {mf['p50_us']:7.1f} us  p99 {mf['p99_us']:7.1f} us"
+          f"  (flood: {a.flood_jobs} jobs x qd{a.flood_iodepth}, {mf['flood_iops'] / 1e3:.0f}K IOPS)")
+    print(f"p99 ratio (goal <= 2.0): {mf['p99_us'] / ma['p99_us']:.2f}")
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"alone": alone, "flooded": flooded, "args": vars(a)}, f, indent=1, default=str)
+
+
+RBD_HELP = """vqblk's rbd backend vs qemu-storage-daemon's rbd driver vs native librbd.
+
+Starts a throw-away Ceph cluster (scripts/ceph/start.sh: one monitor, one
+memstore OSD, its own CEPH_DIR and MON_PORT), then `vqblk serve --backend rbd`
+and `qemu-storage-daemon --blockdev driver=rbd` on the same image (librbd's
+cache off in both: cache none / cache.direct=on), and drives each with the same
+libblkio client (one job, 4k randread and randwrite, iodepth 1 and 16), plus
+the same workload straight on the image through librbd (`vqblk bench --target
+rbd:POOL/IMAGE`, as fio's rbd engine). Runs are interleaved; prints medians of
+IOPS, p99, the server's CPU per I/O (all of its threads, librbd's included,
+and split by thread name) and the whole machine's CPU per I/O with how busy
+its CPUs were (the OSD runs on the same host: its CPU is only in that column;
+when the CPUs are all busy, IOPS follow it). The cluster is stopped at the
+end, also on failure.
+
+--client-option KEY=VALUE adds a librados/librbd setting to ceph.conf's
+[client] section, which every client reads (vqblk, qsd and the native runs
+alike), e.g. --client-option rbd_non_blocking_aio=false. --osd-option
+KEY=VALUE does the same for the OSD's [osd] section before it starts, e.g.
+the messenger's delay injection to stand for a cluster at a network's
+distance: --osd-option ms_inject_delay_type=client
+--osd-option ms_inject_delay_max=0.002 --osd-option ms_inject_delay_probability=1
+(each client message waits a random 0-2 ms before the OSD handles it).
+"""
+
+RBD_MON_PORT = "3480"
+RBD_IMAGE = "rbd/bench"
+
+
+def rbd(a):
+    depths = [int(d) for d in a.depths.split(",") if d]
+    patterns = [p for p in a.rw.split(",") if p]
+
+    def settings(flag, opts):
+        """KEY=VALUE options as ceph.conf lines ("KEY = VALUE")."""
+        lines = []
+        for o in opts:
+            k, eq, v = (p.strip() for p in o.partition("="))
+            if not eq or not k:
+                sys.exit(f"{flag}: expected KEY=VALUE, got {o!r}")
+            lines.append(f"{k} = {v}")
+        return lines
+
+    client_conf = settings("--client-option", a.client_option)
+    osd_conf = settings("--osd-option", a.osd_option)
+    ensure_tools(qsd=False)
+    vqblk = a.vqblk
+    work = tempfile.mkdtemp(prefix="bench-rbd-", dir=os.path.join(ROOT, "target"))
+    env = dict(os.environ, CEPH_DIR=os.path.join(work, "ceph"), MON_PORT=RBD_MON_PORT)
+    env["OSD_EXTRA_CONF"] = "\n".join(osd_conf)
+    conf = os.path.join(env["CEPH_DIR"], "ceph.conf")
+    env["CEPH_CONF"] = conf
+    os.environ["CEPH_CONF"] = conf  # for vqblk bench's native librbd runs
+    ceph = os.path.join(ROOT, "scripts", "ceph")
+    procs = {}
+    runs = {}
+    try:
+        subprocess.run(["timeout", "180", os.path.join(ceph, "start.sh")], env=env, check=True,
+                       stdout=subprocess.DEVNULL)
+        if client_conf:
+            # Read by librados in every client process; the cluster's own
+            # daemons read their [mon]/[osd] sections, not this one.
+            with open(conf, "a") as f:
+                f.write("\n[client]\n" + "".join(line + "\n" for line in client_conf))
+        subprocess.run(["timeout", "60", "rbd", "create", "--size", "1G", RBD_IMAGE], env=env, check=True)
+        # Write the whole image once, so reads hit data, not holes.
+        subprocess.run([benchlib.VQBLK, "bench", "--target", f"rbd:{RBD_IMAGE}", "--rw", "write", "--bs", "4m",
+                        "--iodepth", "4", "--size", "1G"], env=env, check=True, stdout=subprocess.DEVNULL)
+        pool, name = RBD_IMAGE.split("/")
+        servers = {
+            "vqblk": [vqblk, "serve", "--image", f"rbd:{RBD_IMAGE}", "--ceph-conf", conf, "--log-level", "warn"],
+            "qemu-storage-daemon": [
+                "qemu-storage-daemon", "--blockdev",
+                f"driver=rbd,node-name=disk,pool={pool},image={name},conf={conf},cache.direct=on",
+                "--object", "iothread,id=iot0"],
+        }
+        for v in a.variant:
+            label, _, flags = v.partition(":")
+            servers[f"vqblk {label}"] = servers["vqblk"] + flags.split()
+        for server, argv in servers.items():
+            sock = os.path.join(work, f"{server.replace(' ', '-')}.sock")
+            if server.startswith("vqblk"):
+                argv = argv + ["--socket", sock]
+            else:
+                argv = argv + ["--export", "type=vhost-user-blk,id=exp0,node-name=disk,addr.type=unix,"
+                               f"addr.path={sock},writable=on,num-queues=1,iothread=iot0"]
+            p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, env=env)
+            procs[server] = (p, sock)
+            wait_socket(sock, p)
+        targets = [(n, f"unix:{s}", p.pid) for n, (p, s) in procs.items()]
+        targets.append(("native librbd", f"rbd:{RBD_IMAGE}", None))
+        for rep in range(a.repeats):
+            for rw in patterns:
+                for depth in depths:
+                    # Each repeat starts the cell with another server: the
+                    # first run after a change of cell meets the OSD still
+                    # busy with the last one, which a fixed order charges to
+                    # the same server every time.
+                    k = rep % len(targets)
+                    for name, target, pid in targets[k:] + targets[:k]:
+                        r = run_bench(target, depth, a.runtime, pid, rw=rw)
+                        runs.setdefault((name, rw, depth), []).append(r)
+                        cpu = f"  server CPU {r['server_cpu_us_per_io']:6.2f} us/IO" if pid else ""
+                        if pid:
+                            split = r["server_cpu_us_per_io_by_thread"]
+                            cpu += " (" + ", ".join(f"{n} {v:.1f}" for n, v in split.items()) + ")"
+                        print(f"[{rep + 1}/{a.repeats}] {name:20} {rw:9} qd{depth:<3} {r['iops']:9.0f} IOPS"
+                              f"  p99 {r['p99_us']:8.1f} us  machine {r['machine_cpu_us_per_io']:6.1f} us/IO"
+                              f" ({100 * r['machine_busy']:.0f}% busy){cpu}", flush=True)
+    finally:
+        for p, _ in procs.values():
+            stop(p)
+        subprocess.run(["timeout", "60", os.path.join(ceph, "stop.sh")], env=env, stdout=subprocess.DEVNULL)
+    results = [{"server": n, "rw": rw, "iodepth": d, **median_of(rs), "runs": rs}
+               for (n, rw, d), rs in runs.items()]
+    print("| server | rw | iodepth | IOPS | p99 (us) | server CPU (us/IO) | machine CPU (us/IO, busy) |")
+    print("|---|---|---|---|---|---|---|")
+    for r in sorted(results, key=lambda r: (r["rw"], r["iodepth"], r["server"])):
+        cpu = f"{r['server_cpu_us_per_io']:.2f}" if "server_cpu_us_per_io" in r else "-"
+        print(f"| {r['server']} | {r['rw']} | {r['iodepth']} | {r['iops']:.0f} | {r['p99_us']:.1f} | {cpu} "
+              f"| {r['machine_cpu_us_per_io']:.1f} ({100 * r['machine_busy']:.0f}%) |")
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"versions": versions(), "runtime": a.runtime, "repeats": a.repeats,
+                       "client_options": a.client_option,
+                       "osd_options": a.osd_option, "results": results}, f, indent=2)
+
+
+def parser():
+    raw = argparse.RawDescriptionHelpFormatter
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
+    sub = ap.add_subparsers(dest="command", required=True, metavar="SUBCOMMAND")
+
+    def command(name, help_text, func, runtime, repeats):
+        p = sub.add_parser(name, description=help_text, formatter_class=raw, help=help_text.splitlines()[0])
+        p.set_defaults(func=func)
+        p.add_argument("--runtime", type=int, default=runtime, help=f"seconds per run (default {runtime})")
+        p.add_argument("--repeats", type=int, default=repeats, help=f"runs per cell (default {repeats})")
+        p.add_argument("--vqblk", default=benchlib.VQBLK,
+                       help="the vqblk binary to serve (default: this tree's release build)")
+        p.add_argument("--out", default=None, help="write the results here as JSON")
+        return p
+
+    p = command("serve", SERVE_HELP, serve, 10, 3)
+    p.add_argument("--dir", default=None, help="scratch dir on a disk file system (default: under target/)")
+    p.add_argument("--wait-mode", choices=["block", "loop"], default="block",
+                   help="the client's libblkio_wait_mode (default block)")
+    p.add_argument("--backends", default="null,file", help="comma-separated subset of null,file")
+    p.add_argument("--depths", default="1,16", help="comma-separated iodepths")
+    p.add_argument("--cells", default=None,
+                   help="BACKEND:DEPTH,... instead of every --backends x --depths (e.g. null:1,null:16,file:16)")
+    p.add_argument("--baseline", default=None, metavar="BINARY",
+                   help="another vqblk binary to run as 'vqblk (baseline)', for an A/B")
+    p.add_argument("--extra", default="", help="extra serve flags for vqblk (e.g. \"--seccomp off\")")
+    p.add_argument("--baseline-extra", default="", help="extra serve flags for the baseline")
+    p.add_argument("--client", default=None, metavar="BINARY",
+                   help="the vqblk binary whose bench drives every server (default: this tree's)")
+    p.add_argument("--servers", default=None,
+                   help="comma-separated servers to run: vqblk, baseline, poll-off, qsd, native (default: all)")
+    p.add_argument("--server-cpus", default=None, help="taskset CPU list for every server (e.g. 1)")
+    p.add_argument("--client-cpus", default=None, help="taskset CPU list for the client (e.g. 0)")
+    p.add_argument("--rtt-cpus", default=None, metavar="A,B",
+                   help="CPUs of the cache-line round trip (default: the pinned server and client CPUs, "
+                        "else 0,1 when nothing is pinned)")
+
+    p = command("polling", POLLING_HELP, polling, 3, 1)
+    p.add_argument("--backends", default="null,file", help="comma-separated: null, null:NS, file")
+    p.add_argument("--rws", default="randread,randwrite")
+    p.add_argument("--jobs", default="1,2")
+    p.add_argument("--depths", default="1,4,16")
+    p.add_argument("--servers", default=",".join([*POLL_SERVERS, "qsd"]))
+    p.add_argument("--poll-max-ns", type=int, default=None,
+                   help="poll-max-ns of the classic, weighted and adaptive servers (default: QEMU's 32768)")
+
+    command("client", CLIENT_HELP, client, 5, 3)
+
+    p = command("fairness", FAIRNESS_HELP, fairness, 5, 3)
+    p.add_argument("--latency-ns", type=int, default=0)
+    p.add_argument("--flood-jobs", type=int, default=1)
+    p.add_argument("--flood-iodepth", type=int, default=64)
+    p.add_argument("--server-cpu", default="1", help="pin the IOThread here ('' for no pinning)")
+    p.add_argument("--client-cpus", default="0", help="run the clients on these CPUs ('' for anywhere)")
+    p.add_argument("--json", dest="out", help="the same as --out")
+
+    p = command("rbd", RBD_HELP, rbd, 10, 3)
+    p.add_argument("--depths", default="1,16", help="comma-separated iodepths")
+    p.add_argument("--rw", default="randread,randwrite", help="comma-separated patterns")
+    p.add_argument("--client-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a [client] setting in ceph.conf for every client; repeatable")
+    p.add_argument("--osd-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="an [osd] setting in ceph.conf, set before the OSD starts; repeatable")
+    p.add_argument("--variant", action="append", default=[],
+                   help="another vqblk server with extra flags, as LABEL:FLAGS "
+                        "(e.g. 'poll-off:--poll off'); repeatable")
+    return ap
+
+
+def main():
+    a = parser().parse_args()
+    a.func(a)
+
+
+if __name__ == "__main__":
+    main()
