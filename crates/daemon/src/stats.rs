@@ -256,29 +256,12 @@ pub struct IoThreadStats {
     pub nap_late_ns: Counter,
     /// Thread CPU time of one timed nap, ns, as measured (gauge).
     pub nap_cpu_ns: Counter,
-    /// Sampled passes (one in [`HANDBACK_SAMPLE_EVERY`] that published used
-    /// entries) timed for the hand-back figures below.
-    pub handback_samples: Counter,
-    /// Over the sampled passes: ns from the pass starting to pop (the first
-    /// request's execution: a null request completes there) to its first
-    /// used-index publish (an early hand-back inside the pass, or its end).
-    pub pop_to_publish_ns: Counter,
-    /// Sampled passes that sent a call.
-    pub call_samples: Counter,
-    /// Over the sampled passes that sent a call: ns from that first publish
-    /// to the first call eventfd write returning.
-    pub publish_to_call_ns: Counter,
     /// Time spent busy-polling, ns.
     pub poll_ns: Counter,
     /// Time spent blocked in epoll_wait, ns.
     pub sleep_ns: Counter,
     queues: Mutex<Vec<(String, u16, Arc<QueueCounters>)>>,
 }
-
-/// One pass in this many (of those that publish used entries) is timed for
-/// the hand-back counters: two clock reads per sample keep it off the fast
-/// path.
-pub const HANDBACK_SAMPLE_EVERY: u64 = 64;
 
 impl IoThreadStats {
     /// New zeroed statistics for thread `name`.
@@ -360,10 +343,6 @@ impl IoThreadStats {
             naps: self.naps.get(),
             nap_late_ns: self.nap_late_ns.get(),
             nap_cpu_ns: self.nap_cpu_ns.get(),
-            handback_samples: self.handback_samples.get(),
-            pop_to_publish_ns: self.pop_to_publish_ns.get(),
-            call_samples: self.call_samples.get(),
-            publish_to_call_ns: self.publish_to_call_ns.get(),
             poll_seconds: self.poll_ns.get() as f64 / 1e9,
             sleep_seconds: self.sleep_ns.get() as f64 / 1e9,
             queues,
@@ -490,19 +469,6 @@ pub struct IoThreadSnapshot {
     /// Thread CPU time of one timed nap, ns (adaptive mode's measurement; 0 otherwise).
     #[serde(default)]
     pub nap_cpu_ns: u64,
-    /// Passes timed for the hand-back figures (one in [`HANDBACK_SAMPLE_EVERY`]
-    /// of those that published).
-    #[serde(default)]
-    pub handback_samples: u64,
-    /// Sum over the sampled passes of ns from popping to publishing.
-    #[serde(default)]
-    pub pop_to_publish_ns: u64,
-    /// Sampled passes that sent a call.
-    #[serde(default)]
-    pub call_samples: u64,
-    /// Sum over those of ns from publishing to the call write returning.
-    #[serde(default)]
-    pub publish_to_call_ns: u64,
     /// Seconds spent busy-polling.
     pub poll_seconds: f64,
     /// Seconds spent blocked waiting for events.

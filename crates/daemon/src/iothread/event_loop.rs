@@ -17,11 +17,11 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::executor::{Executor, SlotId};
-use super::queue::{HandbackSample, Popped, QueueSlot, Queues, Release};
+use super::queue::{Popped, QueueSlot, Queues, Release};
 use super::{Command, GuestMem, HandedOver, IoThreadSetup, QueueAttach, QueueKey};
 use crate::block::clock_ns;
 use crate::poll::{PollMode, PollPolicy};
-use crate::stats::{IoThreadStats, HANDBACK_SAMPLE_EVERY};
+use crate::stats::IoThreadStats;
 
 /// epoll token of the command wake-up eventfd.
 pub(super) const TOKEN_WAKE: u64 = 0;
@@ -198,45 +198,12 @@ impl IoThread {
                 .observe_events_at(self.clock_ns(t_end), &sources);
             // Keep kicks off while we expect to poll next time.
             let rearm = self.window() == 0;
-            // One pass in HANDBACK_SAMPLE_EVERY is timed (issue 16): how long
-            // a finished request waits for its used entry, and that for the call.
-            let sample = self
-                .stats
-                .passes
-                .get()
-                .is_multiple_of(HANDBACK_SAMPLE_EVERY)
-                && (!ready.is_empty() || completed);
-            let t_pop = sample.then(Instant::now);
-            if sample {
-                // The first publish and the first call: an early hand-back
-                // inside the pass, or its end.
-                self.queues.sample_handback();
-            }
             for slot in ready.drain(..) {
                 self.process_queue(slot, rearm);
             }
             ready.append(&mut self.carried);
             self.complete_all();
             self.finish_pass();
-            let timed = self.queues.take_handback_sample();
-            if let (
-                Some(t_pop),
-                Some(HandbackSample {
-                    publish: Some(t_pub),
-                    call,
-                }),
-            ) = (t_pop, timed)
-            {
-                self.stats.handback_samples.add(1);
-                let ns = t_pub.duration_since(t_pop).as_nanos() as u64;
-                self.stats.pop_to_publish_ns.add(ns);
-                if let Some(t_call) = call {
-                    self.stats.call_samples.add(1);
-                    self.stats
-                        .publish_to_call_ns
-                        .add(t_call.saturating_duration_since(t_pub).as_nanos() as u64);
-                }
-            }
         }
         info!(
             "{} stopped: {} requests served",

@@ -698,19 +698,6 @@ pub(super) struct Queues {
     /// clock read of its own. Outside a pass (a queue attached while the
     /// thread slept) the clock is read.
     clock: Option<Instant>,
-    /// In a sampled pass (issue 16's hand-back timing): when it first
-    /// published used entries and first called (an early hand-back, or the
-    /// end of the pass).
-    sample: Option<HandbackSample>,
-}
-
-/// See [`Queues::sample_handback`].
-#[derive(Debug, Default, Clone, Copy)]
-pub struct HandbackSample {
-    /// The first used-index publish.
-    pub publish: Option<Instant>,
-    /// The first call eventfd write returning.
-    pub call: Option<Instant>,
 }
 
 impl Queues {
@@ -722,24 +709,6 @@ impl Queues {
             warn: WarnLimiter::default(),
             finished: Vec::with_capacity(super::executor::SCRATCH_CAPACITY),
             clock: None,
-            sample: None,
-        }
-    }
-
-    /// Starts timing this pass's first publish and first call.
-    pub fn sample_handback(&mut self) {
-        self.sample = Some(HandbackSample::default());
-    }
-
-    /// What the sampled pass timed (None if not sampled); ends the sample.
-    pub fn take_handback_sample(&mut self) -> Option<HandbackSample> {
-        self.sample.take()
-    }
-
-    /// Notes the time of the sampled pass's first call, if one was sent.
-    fn note_call(&mut self, called: bool) {
-        if let (true, Some(HandbackSample { call: c @ None, .. })) = (called, &mut self.sample) {
-            *c = Some(Instant::now());
         }
     }
 
@@ -911,12 +880,6 @@ impl Queues {
         }
         if self.stats.used_publishes.get() != published {
             self.stats.used_batches.add(1);
-            if let Some(HandbackSample {
-                publish: p @ None, ..
-            }) = &mut self.sample
-            {
-                *p = Some(Instant::now());
-            }
         }
         self.finished = finished;
     }
@@ -924,25 +887,20 @@ impl Queues {
     /// The notification of one queue, inside a pass (an early hand-back),
     /// with the pass's memory snapshot.
     fn notify_one(&mut self, id: SlotId, mem: &GuestMem) {
-        let called = self
-            .slots
-            .get_mut(id.0)
-            .and_then(Option::as_mut)
-            .is_some_and(|q| q.notify_guest(mem, &self.stats));
-        self.note_call(called);
+        if let Some(q) = self.slots.get_mut(id.0).and_then(Option::as_mut) {
+            q.notify_guest(mem, &self.stats);
+        }
     }
 
     /// One notification per queue that finished something since the last
     /// call; the end of a pass (its clock is dropped).
     pub fn notify(&mut self) {
         self.clock = None;
-        let mut called = false;
         // A snapshot only for the queues that published something.
         for q in self.slots.iter_mut().flatten().filter(|q| q.dirty) {
             let mem = q.memory();
-            called |= q.notify_guest(&mem, &self.stats);
+            q.notify_guest(&mem, &self.stats);
         }
-        self.note_call(called);
     }
 }
 
