@@ -1,5 +1,5 @@
-//! Counters. Each counter is written by exactly one IOThread (the owner of the
-//! queue or of the thread) with relaxed atomics, and read by anyone for
+//! Counters and gauges. Each is written by exactly one IOThread (the owner of
+//! the queue or of the thread) with relaxed atomics, and read by anyone for
 //! snapshots; no lock is taken on the data path.
 
 use std::collections::BTreeMap;
@@ -22,7 +22,19 @@ impl Counter {
             Ordering::Relaxed,
         );
     }
-    /// Overwrites the value (for gauges).
+    /// Current value.
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// A value that is set, not added to (a measurement or a setting), with a
+/// single writer; exported as a Prometheus gauge.
+#[derive(Debug, Default)]
+pub struct Gauge(AtomicU64);
+
+impl Gauge {
+    /// Replaces the value.
     #[inline]
     pub fn set(&self, v: u64) {
         self.0.store(v, Ordering::Relaxed);
@@ -244,18 +256,18 @@ pub struct IoThreadStats {
     pub broken_rings: Counter,
     /// Passes in which a queue used up its pop budget (more was left for the next pass).
     pub budget_exhausted: Counter,
-    /// Current polling window in ns (gauge).
-    pub poll_window_ns: Counter,
+    /// Current polling window in ns.
+    pub poll_window_ns: Gauge,
     /// Passes that busy-polled.
     pub poll_attempts: Counter,
     /// Passes whose work was found by polling (no sleep).
     pub poll_hits: Counter,
     /// Hybrid-polling naps (timed sleeps before spinning).
     pub naps: Counter,
-    /// How late a timed nap may end, ns, as measured by this thread (gauge).
-    pub nap_late_ns: Counter,
-    /// Thread CPU time of one timed nap, ns, as measured (gauge).
-    pub nap_cpu_ns: Counter,
+    /// How late a timed nap may end, ns, as measured by this thread.
+    pub nap_late_ns: Gauge,
+    /// Thread CPU time of one timed nap, ns, as measured.
+    pub nap_cpu_ns: Gauge,
     /// Time spent busy-polling, ns.
     pub poll_ns: Counter,
     /// Time spent blocked in epoll_wait, ns.
