@@ -176,8 +176,8 @@ impl IoThread {
             } else if self.pending.load(Ordering::Acquire) {
                 self.wait_events(0, &mut events, &mut ready, &mut completed);
             }
+            // The pass's clock: the pop and completion time of what it handles.
             let t_end = Instant::now();
-            self.queues.set_clock(t_end);
             if polled_hit {
                 self.stats.poll_hits.add(1);
             }
@@ -199,10 +199,10 @@ impl IoThread {
             // Keep kicks off while we expect to poll next time.
             let rearm = self.window() == 0;
             for slot in ready.drain(..) {
-                self.process_queue(slot, rearm);
+                self.process_queue(slot, rearm, t_end);
             }
             ready.append(&mut self.carried);
-            self.complete_all();
+            self.complete_all(t_end);
             self.finish_pass();
         }
         info!(
@@ -537,7 +537,7 @@ impl IoThread {
                 q.kick.as_raw_fd(),
                 EpollEvent::default(),
             );
-            q.detach = Some(why);
+            q.release(why);
         }
     }
 
@@ -566,17 +566,20 @@ impl IoThread {
         );
         let id = self.queues.insert(QueueSlot::new(a, counters));
         self.policy.set_num_sources(self.queues.len() + 1);
-        // Requests may have been queued before the kick fd was handed over.
-        self.process_queue(id, true);
-        self.complete_all();
+        // Requests may have been queued before the kick fd was handed over
+        // (outside a pass: a clock of its own).
+        let now = Instant::now();
+        self.process_queue(id, true, now);
+        self.complete_all(now);
         self.finish_pass();
     }
 
     /// Pops every available request of a queue and submits it. With `rearm`,
     /// guest notifications are re-enabled afterwards (the thread will sleep);
-    /// without, they stay off (the thread will poll).
-    fn process_queue(&mut self, id: SlotId, rearm: bool) {
-        if !self.stopping && self.queues.process(id, &mut self.executor, rearm) == Popped::More {
+    /// without, they stay off (the thread will poll). `now` is the pass's clock.
+    fn process_queue(&mut self, id: SlotId, rearm: bool, now: Instant) {
+        if !self.stopping && self.queues.process(id, &mut self.executor, rearm, now) == Popped::More
+        {
             // Its budget ran out: first in line next pass, which does not
             // wait (a non-empty ready list is work found).
             self.carried.push(id);
@@ -584,9 +587,10 @@ impl IoThread {
     }
 
     /// Commits submissions and finishes every request the backends are done
-    /// with; watches the completion fds of newly created backends.
-    fn complete_all(&mut self) {
-        self.queues.deliver(&mut self.executor);
+    /// with (completed at `now`, the pass's clock); watches the completion
+    /// fds of newly created backends.
+    fn complete_all(&mut self, now: Instant) {
+        self.queues.deliver(&mut self.executor, now);
         self.executor.take_new_notify_fds(&mut self.new_fds);
         for fd in self.new_fds.drain(..) {
             let ev = EpollEvent::new(EventSet::IN | EventSet::EDGE_TRIGGERED, TOKEN_COMPLETION);
@@ -605,7 +609,7 @@ impl IoThread {
             let drained = self
                 .queues
                 .get(id)
-                .is_some_and(|q| q.inflight == 0 && (q.detach.is_some() || self.stopping));
+                .is_some_and(|q| q.inflight == 0 && (q.releasing() || self.stopping));
             let Some(mut q) = drained.then(|| self.queues.remove(id)).flatten() else {
                 continue;
             };
@@ -618,7 +622,7 @@ impl IoThread {
                 "{}: released {} queue {}",
                 self.name, q.device.name, q.key.queue
             );
-            match q.detach.take() {
+            match q.take_release() {
                 // The slot (and its inflight record) is gone before the reply: the
                 // transport may attach the queue again as soon as it has it.
                 Some(Release::Detach(reply)) => {

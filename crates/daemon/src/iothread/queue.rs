@@ -16,6 +16,7 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::{GuestAddress, GuestAddressSpace};
 
 use super::executor::{Executor, Finished, SlotId};
+use super::state::{Kicks, SlotState, Unnotified};
 use super::{
     BlockDevice, GuestMem, GuestMemHandle, HandedOver, InflightTracking, Mailbox, QueueAttach,
     QueueKey, QueueLog,
@@ -108,23 +109,19 @@ pub(super) struct QueueSlot {
     counters: Arc<QueueCounters>,
     /// Requests popped and not yet finished.
     pub inflight: usize,
-    /// Used ring entries added since the last notification check.
-    dirty: bool,
-    /// How many: what EVENT_IDX's rule needs (`ring::event_idx_wants_call`).
-    num_added: u16,
+    /// Used entries the driver has not been considered for a call about.
+    unnotified: Unnotified,
     /// The avail index as last read: requests up to it are popped without
     /// reading it again. The driver writes that cache line on every
     /// submission, so each read is a transfer from its CPU (55-330 ns on
     /// this project's VM), and a pass that hands back after every pop
     /// re-enters [`QueueSlot::process`] once per request.
     avail_seen: u16,
-    /// A Detach or a Handover is waiting for this queue to drain.
-    pub detach: Option<Release>,
-    /// The ring could not be accessed: stop touching it until detached.
-    broken: bool,
-    /// Guest notifications (kicks) are enabled: set before sleeping, cleared
+    /// Serving, stopped as broken, or being released.
+    state: SlotState,
+    /// Whether the driver is asked to kick: armed before sleeping, quiet
     /// while the thread polls.
-    notify: bool,
+    kicks: Kicks,
     /// The queue's inflight record (INFLIGHT_SHMFD negotiated), None otherwise.
     record: Option<InflightQueue>,
     /// Heads a dead daemon left in flight, executed before anything new.
@@ -154,12 +151,10 @@ impl QueueSlot {
             device: a.device,
             counters,
             inflight: 0,
-            dirty: false,
-            num_added: 0,
+            unnotified: Unnotified::default(),
             avail_seen,
-            detach: None,
-            broken: false,
-            notify: true,
+            state: SlotState::Serving,
+            kicks: Kicks::Armed,
             popped_at: vec![Instant::now(); size].into(),
             record,
             resubmit: resubmit.into(),
@@ -191,7 +186,7 @@ impl QueueSlot {
     /// along, in order.
     pub fn into_attach(mut self) -> QueueAttach {
         debug_assert_eq!(self.inflight, 0, "a ring moves only once drained");
-        if !self.broken {
+        if !self.state.broken() {
             // Requests that arrived meanwhile are found by the new owner,
             // which checks the ring as soon as it attaches it.
             let _ = self.arm_or_break();
@@ -199,7 +194,10 @@ impl QueueSlot {
         // The driver was told about every used entry (`Queues::notify` runs
         // before a drained queue is released): the EVENT_IDX count, which
         // stays with the slot, has nothing left to move.
-        debug_assert!(!self.dirty, "a ring moves only once notified");
+        debug_assert!(
+            !self.unnotified.pending(),
+            "a ring moves only once notified"
+        );
         let inflight = self.record.map(|record| InflightTracking {
             record,
             resubmit: self.resubmit.into(),
@@ -219,7 +217,23 @@ impl QueueSlot {
 
     /// Whether the thread should look at this ring at all.
     pub fn active(&self) -> bool {
-        self.detach.is_none() && !self.broken
+        self.state.active()
+    }
+
+    /// Whether a Detach or a Handover waits for this queue to drain.
+    pub fn releasing(&self) -> bool {
+        self.state.releasing()
+    }
+
+    /// Stops popping; once the queue has nothing in flight, the event loop
+    /// lets it go as `why` says ([`QueueSlot::take_release`]).
+    pub fn release(&mut self, why: Release) {
+        self.state.release(why);
+    }
+
+    /// The release a drained queue waited for (None: the thread stops).
+    pub fn take_release(&mut self) -> Option<Release> {
+        self.state.take_release()
     }
 
     /// A snapshot of the guest memory map.
@@ -236,9 +250,9 @@ impl QueueSlot {
     /// otherwise VRING_USED_F_NO_NOTIFY), unless that is already so: without
     /// EVENT_IDX every toggle is a write to a guest cache line.
     pub fn quiet(&mut self, mem: &GuestMem) -> Result<(), virtio_queue::Error> {
-        if self.notify {
+        if self.kicks == Kicks::Armed {
             self.queue.disable_notification(mem)?;
-            self.notify = false;
+            self.kicks = Kicks::Quiet;
             self.log_used();
         }
         Ok(())
@@ -247,11 +261,11 @@ impl QueueSlot {
     /// Asks the guest to kick again, unless it already does; true if requests
     /// arrived while it did not.
     pub fn arm(&mut self, mem: &GuestMem) -> Result<bool, virtio_queue::Error> {
-        if self.notify {
+        if self.kicks == Kicks::Armed {
             return Ok(false);
         }
         let more = self.queue.enable_notification(mem)?;
-        self.notify = true;
+        self.kicks = Kicks::Armed;
         self.log_used();
         Ok(more)
     }
@@ -316,7 +330,6 @@ impl QueueSlot {
             .map_err(virtio_queue::Error::GuestMemory)?;
         let next = next.wrapping_add(1);
         self.queue.set_next_used(next);
-        self.num_added = self.num_added.wrapping_add(1);
         mem.store_small(next.to_le(), idx, Ordering::Release)
             .map_err(virtio_queue::Error::GuestMemory)
     }
@@ -379,19 +392,17 @@ impl QueueSlot {
     /// keeps being served, and the next vring setup or reconnection attaches
     /// a fresh slot.
     fn stop_ring(&mut self, why: std::fmt::Arguments) {
-        if self.broken {
-            return;
+        if self.state.break_ring() {
+            error!(
+                "{} queue {}: {why}; queue stopped until the frontend sets it up again",
+                self.device.name, self.key.queue
+            );
         }
-        error!(
-            "{} queue {}: {why}; queue stopped until the frontend sets it up again",
-            self.device.name, self.key.queue
-        );
-        self.broken = true;
     }
 
     /// Whether the ring was stopped as broken.
     pub fn broken(&self) -> bool {
-        self.broken
+        self.state.broken()
     }
 
     /// Pops at most [`POP_BUDGET`] available requests, parses them and hands
@@ -416,8 +427,8 @@ impl QueueSlot {
         }
         if self.resubmit_pending() {
             self.resubmit(id, exec, mem, &mut budget, now);
-            if self.resubmit_pending() || self.broken {
-                return if self.broken {
+            if self.resubmit_pending() || !self.active() {
+                return if !self.active() {
                     Popped::Drained
                 } else {
                     Popped::More
@@ -595,6 +606,7 @@ impl QueueSlot {
         }
         match self.add_used(&mem, ticket.head, used_len) {
             Ok(()) => {
+                self.unnotified.add();
                 self.log_used();
                 stats.used_publishes.add(1);
                 if let Some(record) = &mut self.record {
@@ -611,7 +623,6 @@ impl QueueSlot {
                 );
             }
         }
-        self.dirty = true;
     }
 
     /// Whether the driver asked to hear about the used entries added since
@@ -620,7 +631,7 @@ impl QueueSlot {
     /// virtio-queue does not look at (it would call after every publish).
     /// A driver that sets the flag while it reaps (libblkio, Linux) then
     /// gets a call only when it is about to wait.
-    fn wants_call(&mut self, mem: &GuestMem) -> Result<bool, virtio_queue::Error> {
+    fn wants_call(&self, mem: &GuestMem, added: u16) -> Result<bool, virtio_queue::Error> {
         if self.queue.event_idx_enabled() {
             // virtio-queue's `needs_notification`, with the used_event read
             // through `SmallAccess`. The used index was stored before this
@@ -630,7 +641,6 @@ impl QueueSlot {
             let q = &self.queue;
             let at = ring::used_event(GuestAddress(q.avail_ring()), q.size());
             let used_event = load_le16(mem, at, Ordering::Relaxed)?;
-            let added = std::mem::take(&mut self.num_added);
             return Ok(ring::event_idx_wants_call(q.next_used(), added, used_event));
         }
         // The used index was stored before this load, in that order (a
@@ -645,20 +655,19 @@ impl QueueSlot {
         Ok(flags & VRING_AVAIL_F_NO_INTERRUPT as u16 == 0)
     }
 
-    /// Signals the guest if requests were finished since the last call and
-    /// the guest wants to hear about it (EVENT_IDX / NO_INTERRUPT); true if
-    /// it did. `mem` is the current memory map (the pass's snapshot).
-    fn notify_guest(&mut self, mem: &GuestMem, stats: &IoThreadStats) -> bool {
-        if !self.dirty {
-            return false;
-        }
-        self.dirty = false;
-        match self.wants_call(mem) {
+    /// Signals the guest if used entries were published since the last check
+    /// and the guest wants to hear about it (EVENT_IDX / NO_INTERRUPT), and
+    /// counts the call or its suppression. `mem` is the current memory map
+    /// (the pass's snapshot).
+    fn notify_guest(&mut self, mem: &GuestMem, stats: &IoThreadStats) {
+        let Some(added) = self.unnotified.take() else {
+            return;
+        };
+        match self.wants_call(mem, added.get()) {
             Ok(true) => {
                 if let Some(call) = &self.call {
                     let _ = (&*call).write(&1u64.to_ne_bytes());
                     stats.notifications.add(1);
-                    return true;
                 }
             }
             Ok(false) => stats.notifications_suppressed.add(1),
@@ -667,7 +676,6 @@ impl QueueSlot {
                 self.device.name, self.key.queue
             ),
         }
-        false
     }
 }
 
@@ -692,12 +700,6 @@ pub(super) struct Queues {
     warn: WarnLimiter,
     /// Scratch list of finished requests.
     finished: Vec<Finished>,
-    /// The current pass's clock (when its wait ended), set by the event
-    /// loop and cleared at the end of the pass: the pop and completion time
-    /// of the requests the pass handles, so the latency histogram costs no
-    /// clock read of its own. Outside a pass (a queue attached while the
-    /// thread slept) the clock is read.
-    clock: Option<Instant>,
 }
 
 impl Queues {
@@ -708,17 +710,7 @@ impl Queues {
             stats,
             warn: WarnLimiter::default(),
             finished: Vec::with_capacity(super::executor::SCRATCH_CAPACITY),
-            clock: None,
         }
-    }
-
-    /// Sets the pass's clock (see `clock`), until [`Queues::notify`] ends the pass.
-    pub fn set_clock(&mut self, now: Instant) {
-        self.clock = Some(now);
-    }
-
-    fn now(&self) -> Instant {
-        self.clock.unwrap_or_else(Instant::now)
     }
 
     /// The slot `id`, if it serves a queue.
@@ -763,7 +755,7 @@ impl Queues {
     /// The slot serving `key` (not detaching).
     pub fn find(&self, key: QueueKey) -> Option<SlotId> {
         self.iter()
-            .find(|(_, q)| q.key == key && q.detach.is_none())
+            .find(|(_, q)| q.key == key && !q.releasing())
             .map(|(id, _)| id)
     }
 
@@ -803,22 +795,31 @@ impl Queues {
     /// Pops and executes the available requests of queue `id`, up to its
     /// budget for the pass, handing back finished requests after every pop
     /// (published; the driver called, if it asked, every [`CALL_EVERY`]
-    /// pops); counts a ring found broken and a budget used up.
-    pub fn process(&mut self, id: SlotId, exec: &mut Executor, rearm: bool) -> Popped {
+    /// pops); counts a ring found broken and a budget used up. `now` is the
+    /// pass's clock (when its wait ended): the pop time of what it pops and
+    /// the completion time of what it finishes, so the latency histogram
+    /// costs no clock read of its own.
+    pub fn process(
+        &mut self,
+        id: SlotId,
+        exec: &mut Executor,
+        rearm: bool,
+        now: Instant,
+    ) -> Popped {
         let Some(mem) = self.get(id).map(QueueSlot::memory) else {
             return Popped::Drained;
         };
         let mut budget = POP_BUDGET;
         let mut uncalled = 0;
         loop {
-            let (popped, n) = self.process_some(id, exec, rearm, &mem, budget);
+            let (popped, n) = self.process_some(id, exec, rearm, now, &mem, budget);
             if popped != Popped::HandBack {
                 return popped;
             }
             // Early hand-back (see CALL_EVERY): publish what is done, call
             // every CALL_EVERY pops if the driver asked, go on within the
             // pass's budget. The end of the pass calls for the rest.
-            self.deliver(exec);
+            self.deliver(exec, now);
             uncalled += n;
             if uncalled >= CALL_EVERY {
                 self.notify_one(id, &mem);
@@ -838,10 +839,10 @@ impl Queues {
         id: SlotId,
         exec: &mut Executor,
         rearm: bool,
+        now: Instant,
         mem: &Arc<GuestMem>,
         budget: usize,
     ) -> (Popped, usize) {
-        let now = self.now();
         let Some(q) = self.slots.get_mut(id.0).and_then(Option::as_mut) else {
             return (Popped::Drained, 0);
         };
@@ -862,8 +863,9 @@ impl Queues {
     }
 
     /// Finishes every request the executor is done with: the one place a
-    /// request's status is written and its used entry added.
-    pub fn deliver(&mut self, exec: &mut Executor) {
+    /// request's status is written and its used entry added. `now` is the
+    /// completion time (the pass's clock).
+    pub fn deliver(&mut self, exec: &mut Executor, now: Instant) {
         let mut finished = std::mem::take(&mut self.finished);
         exec.complete(&mut finished);
         let published = self.stats.used_publishes.get();
@@ -871,7 +873,6 @@ impl Queues {
             self.finished = finished;
             return;
         }
-        let now = self.now();
         for f in finished.drain(..) {
             match self.slots.get_mut(f.ticket.slot.0).and_then(Option::as_mut) {
                 Some(q) => q.finish(f, &self.stats, &mut self.warn, now),
@@ -892,12 +893,16 @@ impl Queues {
         }
     }
 
-    /// One notification per queue that finished something since the last
-    /// call; the end of a pass (its clock is dropped).
+    /// One notification per queue that published something since the last
+    /// check; the end of a pass.
     pub fn notify(&mut self) {
-        self.clock = None;
         // A snapshot only for the queues that published something.
-        for q in self.slots.iter_mut().flatten().filter(|q| q.dirty) {
+        for q in self
+            .slots
+            .iter_mut()
+            .flatten()
+            .filter(|q| q.unnotified.pending())
+        {
             let mem = q.memory();
             q.notify_guest(&mem, &self.stats);
         }
