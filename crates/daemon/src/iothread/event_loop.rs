@@ -17,8 +17,9 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::executor::{Executor, SlotId};
-use super::queue::{Popped, QueueSlot, Queues, Release};
-use super::{Command, GuestMem, HandedOver, IoThreadSetup, QueueAttach, QueueKey};
+use super::queue::{Popped, QueueSlot, Release};
+use super::queues::Queues;
+use super::{Command, GuestMem, IoThreadSetup, QueueAttach, QueueKey};
 use crate::block::clock_ns;
 use crate::poll::{PollMode, PollPolicy};
 use crate::stats::IoThreadStats;
@@ -610,7 +611,7 @@ impl IoThread {
                 .queues
                 .get(id)
                 .is_some_and(|q| q.inflight == 0 && (q.releasing() || self.stopping));
-            let Some(mut q) = drained.then(|| self.queues.remove(id)).flatten() else {
+            let Some(q) = drained.then(|| self.queues.remove(id)).flatten() else {
                 continue;
             };
             let _ = self.epoll.ctl(
@@ -622,30 +623,7 @@ impl IoThread {
                 "{}: released {} queue {}",
                 self.name, q.device.name, q.key.queue
             );
-            match q.take_release() {
-                // The slot (and its inflight record) is gone before the reply: the
-                // transport may attach the queue again as soon as it has it.
-                Some(Release::Detach(reply)) => {
-                    let next_avail = q.next_avail();
-                    drop(q);
-                    let _ = reply.send(next_avail);
-                }
-                // Its used entries are published and the guest notified
-                // (`notify` above): the ring goes to its new owner, which
-                // checks it at once, then the mover is told.
-                Some(Release::Handover {
-                    to,
-                    reply,
-                    drained,
-                    since,
-                }) => {
-                    to.send(Command::Attach(Box::new(q.into_attach())));
-                    let drain = since.elapsed();
-                    let _ = reply.send(Some(HandedOver { drained, drain }));
-                }
-                // Stopping.
-                None => drop(q),
-            }
+            q.let_go();
         }
     }
 }

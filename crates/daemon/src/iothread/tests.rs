@@ -16,7 +16,8 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic, GuestMemoryMmap};
 
 use super::executor::{Executor, SlotId};
-use super::queue::{Popped, QueueSlot, Queues, CALL_EVERY, POP_BUDGET};
+use super::queue::{Popped, QueueSlot};
+use super::queues::{Queues, CALL_EVERY, POP_BUDGET};
 use super::{BlockDevice, GuestMem, InflightTracking, QueueAttach, QueueKey, QueueLog};
 use crate::block::{Backend, Disk};
 use crate::dirty_log::{DirtyLog, LOG_PAGE};
