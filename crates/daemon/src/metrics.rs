@@ -8,8 +8,8 @@
 //! every metric.
 //!
 //! Crates: `prometheus` (tikv's rust-prometheus, without its protobuf feature)
-//! builds and encodes the metric families. The `prometheus-client` crate was the
-//! first choice, but it writes only the OpenMetrics text format, whose counter
+//! builds and encodes the metric families, rather than the `prometheus-client`
+//! crate, which writes only the OpenMetrics text format, whose counter
 //! families are named without `_total` (`# TYPE vqblk_requests counter`, then
 //! `vqblk_requests_total` samples): `promtool check metrics` (Prometheus 2.x, the
 //! linter operators run) reads the classic text format and rejects every counter

@@ -311,7 +311,8 @@ impl IoThread {
                 break true;
             }
             spins = spins.wrapping_add(1);
-            // Reading the clock costs ~20 ns; look at it every few passes.
+            // Reading the clock costs more than a spin over the rings; look
+            // at it every few spins.
             if spins.is_multiple_of(8) && t0.elapsed().as_nanos() >= window as u128 {
                 break false;
             }

@@ -65,9 +65,9 @@ pub(super) struct QueueSlot {
     unnotified: Unnotified,
     /// The avail index as last read: requests up to it are popped without
     /// reading it again. The driver writes that cache line on every
-    /// submission, so each read is a transfer from its CPU (55-330 ns on
-    /// this project's VM), and a pass that hands back after every pop
-    /// re-enters [`QueueSlot::process`] once per request.
+    /// submission, so each read is a cache-line transfer from its CPU, and a
+    /// pass that hands back after every pop re-enters
+    /// [`QueueSlot::process`] once per request.
     avail_seen: u16,
     /// Serving, stopped as broken, or being released.
     state: SlotState,

@@ -23,32 +23,26 @@ use crate::stats::IoThreadStats;
 /// pass, so the budget costs nothing until a queue floods.
 pub const POP_BUDGET: usize = 32;
 
-/// Pops between calls inside a queue's pass (issue 16). A pass hands back
-/// what is already finished after every pop (the null backend, device-model
-/// answers, errors; io_uring or RBD completions of earlier requests when they
-/// are waiting): it publishes the used entries at once, before it pops the
-/// next request. The libblkio driver (and a guest's) submits one request at
-/// a time and looks at its used ring right after; finding it empty, it arms
-/// `used_event` and sleeps, and a sleeping driver must be woken (~10 us in a
-/// VM). Publishing each completion keeps an entry in front of it.
+/// Pops between calls inside a queue's pass. A pass hands back what is
+/// already finished after every pop (the null backend, device-model answers,
+/// errors; io_uring or RBD completions of earlier requests when they are
+/// waiting): it publishes the used entries at once, before it pops the next
+/// request. A driver (libblkio's, a guest's) submits a request and looks at
+/// its used ring right after; finding it empty, it arms `used_event` and
+/// sleeps, and waking a sleeping driver costs far more than a publish (an
+/// interrupt, in a VM an exit and a wake-up of the vCPU). Publishing each
+/// completion before the next pop keeps an entry in front of it.
 ///
-/// The call (an eventfd write, ~0.5-1 us of the IOThread's time) is sent at
-/// most every `CALL_EVERY` pops, and at the end of the pass: libblkio's
-/// driver writes `used_event` = its position after every round of reaping,
-/// so it asks for a call even while awake, and a call per pop (0.5-0.6 calls
-/// per request) made the server the slower side. A sleeping driver waits at
-/// most `CALL_EVERY` pops longer. Null QD16, `vqblk bench` blocking client,
-/// server on CPU 1, client on CPU 0, 5 interleaved rounds, medians: client
-/// sleeps per request 0.0054 -> 0.0006 (one per ~1,700 requests), IOPS
-/// 1.37M -> 1.67M in this host's slow mode (2.0-2.3M either way in its fast
-/// one); a call per pop: 1.41M, 0.5-0.6 calls per request; calls only at
-/// the end of the pass: 0.019 sleeps per request (the calls an awake driver
-/// gets leave its eventfd set, and its next wait returns at once). Polling
-/// client QD16: 1.57M -> 1.64M in the slow mode, 2.83M -> 2.63M in the fast
-/// one (the hand-back's fixed cost is now paid per request: ~400
-/// instructions). The previous rule (a hand-back every 4 pops,
-/// d4068a7) had taken the client from one sleep per 16 requests to one per
-/// ~30-120. The pass goes on after each hand-back, within [`POP_BUDGET`].
+/// The call (an eventfd write, a system call of the IOThread's) is sent at
+/// most every `CALL_EVERY` pops, and at the end of the pass: a driver that
+/// writes `used_event` after every round of reaping (libblkio's does) asks
+/// for a call even while it is awake, and a call per pop would make the
+/// server the slower side. A sleeping driver waits at most `CALL_EVERY` pops
+/// longer; a driver that is awake finds the entries without the call.
+/// Calls only at the end of the pass would leave a sleeping driver waiting
+/// for the whole pass. The pass goes on after each hand-back, within
+/// [`POP_BUDGET`]. docs/performance.md has the measurements behind the
+/// figure.
 pub const CALL_EVERY: usize = 4;
 
 /// The queue slots of one IOThread, indexed by [`SlotId`], with what
