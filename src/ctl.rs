@@ -169,6 +169,9 @@ pub fn render(method: &str, result: &Value) -> String {
                         text(&t["poll-hits"]),
                         text(&t["naps"]),
                         format!("{}/{}", t["kick-wakeups"], t["completion-wakeups"]),
+                        text(&t["kicks"]),
+                        text(&t["used-publishes"]),
+                        format!("{}/{}", t["notifications"], t["notifications-suppressed"]),
                         if queues.is_empty() {
                             "-".into()
                         } else {
@@ -191,6 +194,9 @@ pub fn render(method: &str, result: &Value) -> String {
                     "POLL-HITS",
                     "NAPS",
                     "WAKE-K/C",
+                    "KICKS",
+                    "PUBLISHES",
+                    "CALLS/SUPP",
                     "QUEUES",
                 ],
                 &rows,

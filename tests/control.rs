@@ -111,6 +111,12 @@ fn queries_and_protocol_errors() {
             "naps",
             "kick-wakeups",
             "completion-wakeups",
+            "kicks",
+            "used-publishes",
+            "notifications",
+            "notifications-suppressed",
+            "nap-late-ns",
+            "nap-cpu-ns",
         ] {
             assert!(t[k].is_number(), "{k} in {t}");
         }

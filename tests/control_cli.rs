@@ -80,6 +80,10 @@ fn ctl_prints_tables_json_and_errors() {
     assert!(o.status.success(), "{o:?}");
     let lines: Vec<String> = stdout(&o).lines().map(String::from).collect();
     assert!(lines[0].starts_with("ID  TID"), "{lines:?}");
+    assert!(
+        lines[0].contains("PUBLISHES") && lines[0].contains("CALLS/SUPP"),
+        "{lines:?}"
+    );
     assert_eq!(lines.len(), 3, "{lines:?}");
     assert!(
         lines[1].contains("adaptive") && lines[1].ends_with("db/0"),

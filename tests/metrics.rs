@@ -213,6 +213,20 @@ fn scrape_agrees_with_the_clients_io() {
     assert_eq!(sum(&s, "vqblk_iothread_requests_total", &[]), requests);
     assert!(sum(&s, "vqblk_iothread_cpu_seconds_total", &[]) > 0.0);
     assert!(s.contains_key("vqblk_iothread_poll_window_seconds{iothread=\"1\"}"));
+    // Every request finished puts one entry on its used ring; each check
+    // after a publish either calls the driver or counts why it did not.
+    assert_eq!(
+        sum(&s, "vqblk_iothread_used_publishes_total", &[]),
+        requests
+    );
+    let calls = sum(&s, "vqblk_iothread_notifications_total", &[]);
+    let suppressed = sum(&s, "vqblk_iothread_notifications_suppressed_total", &[]);
+    assert!(
+        calls + suppressed >= 1.0 && calls + suppressed <= requests,
+        "{text}"
+    );
+    assert!(sum(&s, "vqblk_iothread_kicks_total", &[]) >= 1.0, "{text}");
+    assert!(s.contains_key("vqblk_iothread_nap_late_seconds{iothread=\"0\"}"));
     assert_eq!(get(addr, "/").0, 404);
     assert_eq!(get(addr, "/metricsx").0, 404);
     drop(c);

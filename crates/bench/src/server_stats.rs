@@ -46,14 +46,6 @@ pub struct IoThreadDelta {
     pub poll_hits: u64,
     /// Hybrid-polling naps.
     pub naps: u64,
-    /// Passes timed for the hand-back figures (sampled).
-    pub handback_samples: u64,
-    /// Sum over them of ns from popping to publishing the used entries.
-    pub pop_to_publish_ns: u64,
-    /// Sampled passes that sent a call.
-    pub call_samples: u64,
-    /// Sum over them of ns from publishing to the call write returning.
-    pub publish_to_call_ns: u64,
     /// Seconds spent busy-polling.
     pub poll_seconds: f64,
     /// Seconds spent blocked waiting for events.
@@ -84,10 +76,6 @@ impl IoThreadDelta {
             poll_attempts: n(|t| t.poll_attempts),
             poll_hits: n(|t| t.poll_hits),
             naps: n(|t| t.naps),
-            handback_samples: n(|t| t.handback_samples),
-            pop_to_publish_ns: n(|t| t.pop_to_publish_ns),
-            call_samples: n(|t| t.call_samples),
-            publish_to_call_ns: n(|t| t.publish_to_call_ns),
             poll_seconds: x(|t| t.poll_seconds),
             sleep_seconds: x(|t| t.sleep_seconds),
             poll_window_ns: after.poll_window_ns,
@@ -163,10 +151,6 @@ mod tests {
             naps: 5 * k,
             nap_late_ns: 0,
             nap_cpu_ns: 0,
-            handback_samples: 2 * k,
-            pop_to_publish_ns: 5000 * k,
-            call_samples: k,
-            publish_to_call_ns: 7000 * k,
             poll_seconds: k as f64 * 0.25,
             sleep_seconds: k as f64,
             queues: Vec::new(),
@@ -197,8 +181,6 @@ mod tests {
         assert_eq!(d[1].poll_window_ns, 3000);
         assert_eq!((d[1].popped, d[1].used_batches, d[1].kicks), (200, 18, 4));
         assert_eq!(d[1].notifications_suppressed, 12);
-        assert_eq!((d[1].handback_samples, d[1].pop_to_publish_ns), (4, 10_000));
-        assert_eq!((d[1].call_samples, d[1].publish_to_call_ns), (2, 14_000));
         assert_eq!(d[2], IoThreadDelta::between(None, &thread("new", 1)));
         assert_eq!(d[2].requests, 100);
     }
@@ -211,11 +193,9 @@ mod tests {
         assert_eq!(
             keys,
             [
-                "call_samples",
                 "completion_wakeups",
                 "cpu_seconds",
                 "errors",
-                "handback_samples",
                 "kick_wakeups",
                 "kicks",
                 "name",
@@ -227,9 +207,7 @@ mod tests {
                 "poll_hits",
                 "poll_seconds",
                 "poll_window_ns",
-                "pop_to_publish_ns",
                 "popped",
-                "publish_to_call_ns",
                 "requests",
                 "sleep_seconds",
                 "used_batches",

@@ -8,8 +8,8 @@
 //! every metric.
 //!
 //! Crates: `prometheus` (tikv's rust-prometheus, without its protobuf feature)
-//! builds and encodes the metric families. The `prometheus-client` crate was the
-//! first choice, but it writes only the OpenMetrics text format, whose counter
+//! builds and encodes the metric families, rather than the `prometheus-client`
+//! crate, which writes only the OpenMetrics text format, whose counter
 //! families are named without `_total` (`# TYPE vqblk_requests counter`, then
 //! `vqblk_requests_total` samples): `promtool check metrics` (Prometheus 2.x, the
 //! linter operators run) reads the classic text format and rejects every counter
@@ -343,7 +343,7 @@ pub fn render(iothreads: &[IoThreadSnapshot]) -> String {
     );
     // Per IOThread.
     type Get = fn(&IoThreadSnapshot) -> f64;
-    let per_thread: [(&str, &str, MetricType, Get); 16] = [
+    let per_thread: [(&str, &str, MetricType, Get); 19] = [
         (
             "vqblk_iothread_cpu_seconds_total",
             "CPU time (user and system) of the IOThread.",
@@ -399,6 +399,18 @@ pub fn render(iothreads: &[IoThreadSnapshot]) -> String {
             |t| t.naps as f64,
         ),
         (
+            "vqblk_iothread_nap_late_seconds",
+            "How late a timed nap may end, as measured by the IOThread (adaptive polling; 0 otherwise).",
+            GAUGE,
+            |t| t.nap_late_ns as f64 / 1e9,
+        ),
+        (
+            "vqblk_iothread_nap_cpu_seconds",
+            "Thread CPU time one timed nap costs, as measured (adaptive polling; 0 otherwise).",
+            GAUGE,
+            |t| t.nap_cpu_ns as f64 / 1e9,
+        ),
+        (
             "vqblk_iothread_stale_edges_total",
             "Wake-ups that brought only events polling had already served.",
             COUNTER,
@@ -421,6 +433,12 @@ pub fn render(iothreads: &[IoThreadSnapshot]) -> String {
             "Notification checks after which no call was sent: the guest did not ask for one.",
             COUNTER,
             |t| t.notifications_suppressed as f64,
+        ),
+        (
+            "vqblk_iothread_used_publishes_total",
+            "Used ring entries published (each stores the used index).",
+            COUNTER,
+            |t| t.used_publishes as f64,
         ),
         (
             "vqblk_iothread_used_batches_total",

@@ -1,5 +1,5 @@
-//! Counters. Each counter is written by exactly one IOThread (the owner of the
-//! queue or of the thread) with relaxed atomics, and read by anyone for
+//! Counters and gauges. Each is written by exactly one IOThread (the owner of
+//! the queue or of the thread) with relaxed atomics, and read by anyone for
 //! snapshots; no lock is taken on the data path.
 
 use std::collections::BTreeMap;
@@ -22,7 +22,19 @@ impl Counter {
             Ordering::Relaxed,
         );
     }
-    /// Overwrites the value (for gauges).
+    /// Current value.
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// A value that is set, not added to (a measurement or a setting), with a
+/// single writer; exported as a Prometheus gauge.
+#[derive(Debug, Default)]
+pub struct Gauge(AtomicU64);
+
+impl Gauge {
+    /// Replaces the value.
     #[inline]
     pub fn set(&self, v: u64) {
         self.0.store(v, Ordering::Relaxed);
@@ -244,41 +256,24 @@ pub struct IoThreadStats {
     pub broken_rings: Counter,
     /// Passes in which a queue used up its pop budget (more was left for the next pass).
     pub budget_exhausted: Counter,
-    /// Current polling window in ns (gauge).
-    pub poll_window_ns: Counter,
+    /// Current polling window in ns.
+    pub poll_window_ns: Gauge,
     /// Passes that busy-polled.
     pub poll_attempts: Counter,
     /// Passes whose work was found by polling (no sleep).
     pub poll_hits: Counter,
     /// Hybrid-polling naps (timed sleeps before spinning).
     pub naps: Counter,
-    /// How late a timed nap may end, ns, as measured by this thread (gauge).
-    pub nap_late_ns: Counter,
-    /// Thread CPU time of one timed nap, ns, as measured (gauge).
-    pub nap_cpu_ns: Counter,
-    /// Sampled passes (one in [`HANDBACK_SAMPLE_EVERY`] that published used
-    /// entries) timed for the hand-back figures below.
-    pub handback_samples: Counter,
-    /// Over the sampled passes: ns from the pass starting to pop (the first
-    /// request's execution: a null request completes there) to its first
-    /// used-index publish (an early hand-back inside the pass, or its end).
-    pub pop_to_publish_ns: Counter,
-    /// Sampled passes that sent a call.
-    pub call_samples: Counter,
-    /// Over the sampled passes that sent a call: ns from that first publish
-    /// to the first call eventfd write returning.
-    pub publish_to_call_ns: Counter,
+    /// How late a timed nap may end, ns, as measured by this thread.
+    pub nap_late_ns: Gauge,
+    /// Thread CPU time of one timed nap, ns, as measured.
+    pub nap_cpu_ns: Gauge,
     /// Time spent busy-polling, ns.
     pub poll_ns: Counter,
     /// Time spent blocked in epoll_wait, ns.
     pub sleep_ns: Counter,
     queues: Mutex<Vec<(String, u16, Arc<QueueCounters>)>>,
 }
-
-/// One pass in this many (of those that publish used entries) is timed for
-/// the hand-back counters: two clock reads per sample keep it off the fast
-/// path.
-pub const HANDBACK_SAMPLE_EVERY: u64 = 64;
 
 impl IoThreadStats {
     /// New zeroed statistics for thread `name`.
@@ -360,10 +355,6 @@ impl IoThreadStats {
             naps: self.naps.get(),
             nap_late_ns: self.nap_late_ns.get(),
             nap_cpu_ns: self.nap_cpu_ns.get(),
-            handback_samples: self.handback_samples.get(),
-            pop_to_publish_ns: self.pop_to_publish_ns.get(),
-            call_samples: self.call_samples.get(),
-            publish_to_call_ns: self.publish_to_call_ns.get(),
             poll_seconds: self.poll_ns.get() as f64 / 1e9,
             sleep_seconds: self.sleep_ns.get() as f64 / 1e9,
             queues,
@@ -490,19 +481,6 @@ pub struct IoThreadSnapshot {
     /// Thread CPU time of one timed nap, ns (adaptive mode's measurement; 0 otherwise).
     #[serde(default)]
     pub nap_cpu_ns: u64,
-    /// Passes timed for the hand-back figures (one in [`HANDBACK_SAMPLE_EVERY`]
-    /// of those that published).
-    #[serde(default)]
-    pub handback_samples: u64,
-    /// Sum over the sampled passes of ns from popping to publishing.
-    #[serde(default)]
-    pub pop_to_publish_ns: u64,
-    /// Sampled passes that sent a call.
-    #[serde(default)]
-    pub call_samples: u64,
-    /// Sum over those of ns from publishing to the call write returning.
-    #[serde(default)]
-    pub publish_to_call_ns: u64,
     /// Seconds spent busy-polling.
     pub poll_seconds: f64,
     /// Seconds spent blocked waiting for events.

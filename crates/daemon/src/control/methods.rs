@@ -199,6 +199,12 @@ impl Methods {
                     "naps": s.naps,
                     "kick-wakeups": s.kick_wakeups,
                     "completion-wakeups": s.completion_wakeups,
+                    "kicks": s.kicks,
+                    "used-publishes": s.used_publishes,
+                    "notifications": s.notifications,
+                    "notifications-suppressed": s.notifications_suppressed,
+                    "nap-late-ns": s.nap_late_ns,
+                    "nap-cpu-ns": s.nap_cpu_ns,
                     "queues": owned,
                 })
             })

@@ -1,7 +1,8 @@
 //! A counting global allocator for the unit tests: counts the allocations
 //! made by the current thread while it is armed, so a test can show that a
-//! code path allocates nothing (issue 16: no allocation per request in
-//! steady state). Every other allocation goes straight to the system.
+//! code path allocates nothing (a request allocates nothing in steady state,
+//! so its cost does not depend on the allocator's). Every other allocation
+//! goes straight to the system.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;

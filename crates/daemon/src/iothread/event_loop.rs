@@ -17,11 +17,12 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::executor::{Executor, SlotId};
-use super::queue::{HandbackSample, Popped, QueueSlot, Queues, Release};
-use super::{Command, GuestMem, HandedOver, IoThreadSetup, QueueAttach, QueueKey};
+use super::queue::{Popped, QueueSlot, Release};
+use super::queues::Queues;
+use super::{Command, GuestMem, IoThreadSetup, QueueAttach, QueueKey};
 use crate::block::clock_ns;
 use crate::poll::{PollMode, PollPolicy};
-use crate::stats::{IoThreadStats, HANDBACK_SAMPLE_EVERY};
+use crate::stats::IoThreadStats;
 
 /// epoll token of the command wake-up eventfd.
 pub(super) const TOKEN_WAKE: u64 = 0;
@@ -176,8 +177,8 @@ impl IoThread {
             } else if self.pending.load(Ordering::Acquire) {
                 self.wait_events(0, &mut events, &mut ready, &mut completed);
             }
+            // The pass's clock: the pop and completion time of what it handles.
             let t_end = Instant::now();
-            self.queues.set_clock(t_end);
             if polled_hit {
                 self.stats.poll_hits.add(1);
             }
@@ -198,45 +199,12 @@ impl IoThread {
                 .observe_events_at(self.clock_ns(t_end), &sources);
             // Keep kicks off while we expect to poll next time.
             let rearm = self.window() == 0;
-            // One pass in HANDBACK_SAMPLE_EVERY is timed (issue 16): how long
-            // a finished request waits for its used entry, and that for the call.
-            let sample = self
-                .stats
-                .passes
-                .get()
-                .is_multiple_of(HANDBACK_SAMPLE_EVERY)
-                && (!ready.is_empty() || completed);
-            let t_pop = sample.then(Instant::now);
-            if sample {
-                // The first publish and the first call: an early hand-back
-                // inside the pass, or its end.
-                self.queues.sample_handback();
-            }
             for slot in ready.drain(..) {
-                self.process_queue(slot, rearm);
+                self.process_queue(slot, rearm, t_end);
             }
             ready.append(&mut self.carried);
-            self.complete_all();
+            self.complete_all(t_end);
             self.finish_pass();
-            let timed = self.queues.take_handback_sample();
-            if let (
-                Some(t_pop),
-                Some(HandbackSample {
-                    publish: Some(t_pub),
-                    call,
-                }),
-            ) = (t_pop, timed)
-            {
-                self.stats.handback_samples.add(1);
-                let ns = t_pub.duration_since(t_pop).as_nanos() as u64;
-                self.stats.pop_to_publish_ns.add(ns);
-                if let Some(t_call) = call {
-                    self.stats.call_samples.add(1);
-                    self.stats
-                        .publish_to_call_ns
-                        .add(t_call.saturating_duration_since(t_pub).as_nanos() as u64);
-                }
-            }
         }
         info!(
             "{} stopped: {} requests served",
@@ -343,7 +311,8 @@ impl IoThread {
                 break true;
             }
             spins = spins.wrapping_add(1);
-            // Reading the clock costs ~20 ns; look at it every few passes.
+            // Reading the clock costs more than a spin over the rings; look
+            // at it every few spins.
             if spins.is_multiple_of(8) && t0.elapsed().as_nanos() >= window as u128 {
                 break false;
             }
@@ -570,7 +539,7 @@ impl IoThread {
                 q.kick.as_raw_fd(),
                 EpollEvent::default(),
             );
-            q.detach = Some(why);
+            q.release(why);
         }
     }
 
@@ -599,17 +568,20 @@ impl IoThread {
         );
         let id = self.queues.insert(QueueSlot::new(a, counters));
         self.policy.set_num_sources(self.queues.len() + 1);
-        // Requests may have been queued before the kick fd was handed over.
-        self.process_queue(id, true);
-        self.complete_all();
+        // Requests may have been queued before the kick fd was handed over
+        // (outside a pass: a clock of its own).
+        let now = Instant::now();
+        self.process_queue(id, true, now);
+        self.complete_all(now);
         self.finish_pass();
     }
 
     /// Pops every available request of a queue and submits it. With `rearm`,
     /// guest notifications are re-enabled afterwards (the thread will sleep);
-    /// without, they stay off (the thread will poll).
-    fn process_queue(&mut self, id: SlotId, rearm: bool) {
-        if !self.stopping && self.queues.process(id, &mut self.executor, rearm) == Popped::More {
+    /// without, they stay off (the thread will poll). `now` is the pass's clock.
+    fn process_queue(&mut self, id: SlotId, rearm: bool, now: Instant) {
+        if !self.stopping && self.queues.process(id, &mut self.executor, rearm, now) == Popped::More
+        {
             // Its budget ran out: first in line next pass, which does not
             // wait (a non-empty ready list is work found).
             self.carried.push(id);
@@ -617,9 +589,10 @@ impl IoThread {
     }
 
     /// Commits submissions and finishes every request the backends are done
-    /// with; watches the completion fds of newly created backends.
-    fn complete_all(&mut self) {
-        self.queues.deliver(&mut self.executor);
+    /// with (completed at `now`, the pass's clock); watches the completion
+    /// fds of newly created backends.
+    fn complete_all(&mut self, now: Instant) {
+        self.queues.deliver(&mut self.executor, now);
         self.executor.take_new_notify_fds(&mut self.new_fds);
         for fd in self.new_fds.drain(..) {
             let ev = EpollEvent::new(EventSet::IN | EventSet::EDGE_TRIGGERED, TOKEN_COMPLETION);
@@ -638,8 +611,8 @@ impl IoThread {
             let drained = self
                 .queues
                 .get(id)
-                .is_some_and(|q| q.inflight == 0 && (q.detach.is_some() || self.stopping));
-            let Some(mut q) = drained.then(|| self.queues.remove(id)).flatten() else {
+                .is_some_and(|q| q.inflight == 0 && (q.releasing() || self.stopping));
+            let Some(q) = drained.then(|| self.queues.remove(id)).flatten() else {
                 continue;
             };
             let _ = self.epoll.ctl(
@@ -651,30 +624,7 @@ impl IoThread {
                 "{}: released {} queue {}",
                 self.name, q.device.name, q.key.queue
             );
-            match q.detach.take() {
-                // The slot (and its inflight record) is gone before the reply: the
-                // transport may attach the queue again as soon as it has it.
-                Some(Release::Detach(reply)) => {
-                    let next_avail = q.next_avail();
-                    drop(q);
-                    let _ = reply.send(next_avail);
-                }
-                // Its used entries are published and the guest notified
-                // (`notify` above): the ring goes to its new owner, which
-                // checks it at once, then the mover is told.
-                Some(Release::Handover {
-                    to,
-                    reply,
-                    drained,
-                    since,
-                }) => {
-                    to.send(Command::Attach(Box::new(q.into_attach())));
-                    let drain = since.elapsed();
-                    let _ = reply.send(Some(HandedOver { drained, drain }));
-                }
-                // Stopping.
-                None => drop(q),
-            }
+            q.let_go();
         }
     }
 }

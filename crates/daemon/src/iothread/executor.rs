@@ -129,7 +129,7 @@ pub(super) struct Executor {
     /// Requests waiting for bounce-buffer memory, oldest first.
     waiting: VecDeque<Waiting>,
     /// Iovec lists of completed transfers, reused by the next ones: a
-    /// request allocates nothing in steady state (issue 16). At most
+    /// request allocates nothing in steady state. At most
     /// [`IOV_POOL_MAX`] are kept.
     iov_pool: Vec<Vec<libc::iovec>>,
     /// Requests handed to a backend so far (wrapping): tells
@@ -416,8 +416,8 @@ impl Executor {
             // Another round only if these completions put work on a backend
             // (a retry, a request that waited for bounce memory): a null
             // backend finishes it at once. Otherwise the round would commit
-            // and reap nothing, which a hand-back per request (issue 16)
-            // would pay every time.
+            // and reap nothing, which a hand-back per request would pay
+            // every time.
             if self.submitted == submitted {
                 return;
             }

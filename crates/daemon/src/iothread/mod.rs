@@ -23,6 +23,8 @@ mod event_loop;
 mod executor;
 mod guest_mem;
 mod queue;
+mod queues;
+mod state;
 #[cfg(test)]
 mod tests;
 

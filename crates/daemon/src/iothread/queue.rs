@@ -1,12 +1,16 @@
-//! The virtqueues an IOThread serves: popping and parsing requests (through
-//! the device model), guest notification suppression, and finishing a request
-//! (status byte, used ring entry, one notification per queue per pass).
+//! One virtqueue an IOThread serves ([`QueueSlot`]): popping and parsing
+//! requests (through the device model) within the budget a pass gives it,
+//! resubmitting what a dead daemon left in flight, stopping a ring found in
+//! an impossible state, notification suppression in both directions (kicks
+//! the driver need not send, calls it did not ask for), and finishing a
+//! request (status byte, used ring entry, counters). How a slot leaves its
+//! thread is in [`release`]; the table of slots and the pass over them in
+//! [`queues`](super::queues).
 
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io::Write;
 use std::sync::atomic::{fence, Ordering};
-use std::sync::mpsc::SyncSender;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -16,10 +20,9 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::{GuestAddress, GuestAddressSpace};
 
 use super::executor::{Executor, Finished, SlotId};
-use super::{
-    BlockDevice, GuestMem, GuestMemHandle, HandedOver, InflightTracking, Mailbox, QueueAttach,
-    QueueKey, QueueLog,
-};
+use super::queues::WarnLimiter;
+use super::state::{Kicks, SlotState, Unnotified};
+use super::{BlockDevice, GuestMem, GuestMemHandle, QueueAttach, QueueKey, QueueLog};
 use crate::inflight::InflightQueue;
 use crate::stats::{IoThreadStats, QueueCounters};
 use crate::virtio::access::SmallAccess;
@@ -27,41 +30,8 @@ use crate::virtio::request::{self, ReqKind};
 use crate::virtio::ring;
 use crate::virtio::status;
 
-/// Requests one queue may pop in one pass of its IOThread. A guest that keeps
-/// its ring full cannot make the thread's other queues (other VMs' disks among
-/// them) wait for more than this many of its requests: what is left is popped
-/// in the next pass, which comes at once (the thread does not sleep while a
-/// queue has work carried over). 32 keeps a QD16-per-queue load within one
-/// pass, so the budget costs nothing until a queue floods.
-pub const POP_BUDGET: usize = 32;
-
-/// Pops between calls inside a queue's pass (issue 16). A pass hands back
-/// what is already finished after every pop (the null backend, device-model
-/// answers, errors; io_uring or RBD completions of earlier requests when they
-/// are waiting): it publishes the used entries at once, before it pops the
-/// next request. The libblkio driver (and a guest's) submits one request at
-/// a time and looks at its used ring right after; finding it empty, it arms
-/// `used_event` and sleeps, and a sleeping driver must be woken (~10 us in a
-/// VM). Publishing each completion keeps an entry in front of it.
-///
-/// The call (an eventfd write, ~0.5-1 us of the IOThread's time) is sent at
-/// most every `CALL_EVERY` pops, and at the end of the pass: libblkio's
-/// driver writes `used_event` = its position after every round of reaping,
-/// so it asks for a call even while awake, and a call per pop (0.5-0.6 calls
-/// per request) made the server the slower side. A sleeping driver waits at
-/// most `CALL_EVERY` pops longer. Null QD16, `vqblk bench` blocking client,
-/// server on CPU 1, client on CPU 0, 5 interleaved rounds, medians: client
-/// sleeps per request 0.0054 -> 0.0006 (one per ~1,700 requests), IOPS
-/// 1.37M -> 1.67M in this host's slow mode (2.0-2.3M either way in its fast
-/// one); a call per pop: 1.41M, 0.5-0.6 calls per request; calls only at
-/// the end of the pass: 0.019 sleeps per request (the calls an awake driver
-/// gets leave its eventfd set, and its next wait returns at once). Polling
-/// client QD16: 1.57M -> 1.64M in the slow mode, 2.83M -> 2.63M in the fast
-/// one (the hand-back's fixed cost is now paid per request: ~400
-/// instructions). The previous rule (a hand-back every 4 pops,
-/// d4068a7) had taken the client from one sleep per 16 requests to one per
-/// ~30-120. The pass goes on after each hand-back, within [`POP_BUDGET`].
-pub const CALL_EVERY: usize = 4;
+mod release;
+pub(super) use release::Release;
 
 /// What [`QueueSlot::process`] left behind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,26 +41,9 @@ pub enum Popped {
     /// The pass's budget ran out with requests still available.
     More,
     /// A request was popped and finished work waits to be published: publish
-    /// (and call, see [`CALL_EVERY`]) now, then process the queue again
-    /// (inside [`Queues::process`] only).
+    /// (and call, see [`CALL_EVERY`](super::queues::CALL_EVERY)) now, then process the queue again
+    /// (inside [`Queues::process`](super::queues::Queues::process) only).
     HandBack,
-}
-
-/// Why a queue stops being served here, once its in-flight requests are done.
-pub(super) enum Release {
-    /// GET_VRING_BASE, ring disable, disconnect: reply with the next avail index.
-    Detach(SyncSender<u16>),
-    /// `queue-move`: send the ring to another IOThread, then reply.
-    Handover {
-        /// The IOThread taking the queue.
-        to: Mailbox,
-        /// Told once the ring is on its way.
-        reply: SyncSender<Option<HandedOver>>,
-        /// Requests in flight when the handover began.
-        drained: usize,
-        /// When the handover began.
-        since: Instant,
-    },
 }
 
 /// A virtqueue served by this thread.
@@ -108,23 +61,19 @@ pub(super) struct QueueSlot {
     counters: Arc<QueueCounters>,
     /// Requests popped and not yet finished.
     pub inflight: usize,
-    /// Used ring entries added since the last notification check.
-    dirty: bool,
-    /// How many: what EVENT_IDX's rule needs (`ring::event_idx_wants_call`).
-    num_added: u16,
+    /// Used entries the driver has not been considered for a call about.
+    unnotified: Unnotified,
     /// The avail index as last read: requests up to it are popped without
     /// reading it again. The driver writes that cache line on every
-    /// submission, so each read is a transfer from its CPU (55-330 ns on
-    /// this project's VM), and a pass that hands back after every pop
-    /// re-enters [`QueueSlot::process`] once per request.
+    /// submission, so each read is a cache-line transfer from its CPU, and a
+    /// pass that hands back after every pop re-enters
+    /// [`QueueSlot::process`] once per request.
     avail_seen: u16,
-    /// A Detach or a Handover is waiting for this queue to drain.
-    pub detach: Option<Release>,
-    /// The ring could not be accessed: stop touching it until detached.
-    broken: bool,
-    /// Guest notifications (kicks) are enabled: set before sleeping, cleared
+    /// Serving, stopped as broken, or being released.
+    state: SlotState,
+    /// Whether the driver is asked to kick: armed before sleeping, quiet
     /// while the thread polls.
-    notify: bool,
+    kicks: Kicks,
     /// The queue's inflight record (INFLIGHT_SHMFD negotiated), None otherwise.
     record: Option<InflightQueue>,
     /// Heads a dead daemon left in flight, executed before anything new.
@@ -154,12 +103,10 @@ impl QueueSlot {
             device: a.device,
             counters,
             inflight: 0,
-            dirty: false,
-            num_added: 0,
+            unnotified: Unnotified::default(),
             avail_seen,
-            detach: None,
-            broken: false,
-            notify: true,
+            state: SlotState::Serving,
+            kicks: Kicks::Armed,
             popped_at: vec![Instant::now(); size].into(),
             record,
             resubmit: resubmit.into(),
@@ -181,45 +128,9 @@ impl QueueSlot {
         }
     }
 
-    /// The ring and everything that goes with it, for another IOThread to
-    /// serve (`queue-move`); called once the queue has nothing in flight.
-    /// Guest notifications are turned back on first, so that the ring agrees
-    /// with the new owner's slot, which starts with them on
-    /// ([`QueueSlot::new`]): a polling source leaves the ring quiet. (The new
-    /// owner's first pass quiets and re-arms it anyway, unless it is
-    /// stopping.) Heads a dead daemon left that are not resubmitted yet go
-    /// along, in order.
-    pub fn into_attach(mut self) -> QueueAttach {
-        debug_assert_eq!(self.inflight, 0, "a ring moves only once drained");
-        if !self.broken {
-            // Requests that arrived meanwhile are found by the new owner,
-            // which checks the ring as soon as it attaches it.
-            let _ = self.arm_or_break();
-        }
-        // The driver was told about every used entry (`Queues::notify` runs
-        // before a drained queue is released): the EVENT_IDX count, which
-        // stays with the slot, has nothing left to move.
-        debug_assert!(!self.dirty, "a ring moves only once notified");
-        let inflight = self.record.map(|record| InflightTracking {
-            record,
-            resubmit: self.resubmit.into(),
-        });
-        QueueAttach {
-            key: self.key,
-            queue: self.queue,
-            kick: self.kick,
-            call: self.call,
-            mem: self.mem,
-            device: self.device,
-            inflight,
-            // A migration that logs goes on logging on the new owner.
-            log: self.log,
-        }
-    }
-
     /// Whether the thread should look at this ring at all.
     pub fn active(&self) -> bool {
-        self.detach.is_none() && !self.broken
+        self.state.active()
     }
 
     /// A snapshot of the guest memory map.
@@ -236,9 +147,9 @@ impl QueueSlot {
     /// otherwise VRING_USED_F_NO_NOTIFY), unless that is already so: without
     /// EVENT_IDX every toggle is a write to a guest cache line.
     pub fn quiet(&mut self, mem: &GuestMem) -> Result<(), virtio_queue::Error> {
-        if self.notify {
+        if self.kicks == Kicks::Armed {
             self.queue.disable_notification(mem)?;
-            self.notify = false;
+            self.kicks = Kicks::Quiet;
             self.log_used();
         }
         Ok(())
@@ -247,11 +158,11 @@ impl QueueSlot {
     /// Asks the guest to kick again, unless it already does; true if requests
     /// arrived while it did not.
     pub fn arm(&mut self, mem: &GuestMem) -> Result<bool, virtio_queue::Error> {
-        if self.notify {
+        if self.kicks == Kicks::Armed {
             return Ok(false);
         }
         let more = self.queue.enable_notification(mem)?;
-        self.notify = true;
+        self.kicks = Kicks::Armed;
         self.log_used();
         Ok(more)
     }
@@ -316,7 +227,6 @@ impl QueueSlot {
             .map_err(virtio_queue::Error::GuestMemory)?;
         let next = next.wrapping_add(1);
         self.queue.set_next_used(next);
-        self.num_added = self.num_added.wrapping_add(1);
         mem.store_small(next.to_le(), idx, Ordering::Release)
             .map_err(virtio_queue::Error::GuestMemory)
     }
@@ -379,22 +289,31 @@ impl QueueSlot {
     /// keeps being served, and the next vring setup or reconnection attaches
     /// a fresh slot.
     fn stop_ring(&mut self, why: std::fmt::Arguments) {
-        if self.broken {
-            return;
+        if self.state.break_ring() {
+            error!(
+                "{} queue {}: {why}; queue stopped until the frontend sets it up again",
+                self.device.name, self.key.queue
+            );
         }
-        error!(
-            "{} queue {}: {why}; queue stopped until the frontend sets it up again",
-            self.device.name, self.key.queue
-        );
-        self.broken = true;
     }
 
     /// Whether the ring was stopped as broken.
     pub fn broken(&self) -> bool {
-        self.broken
+        self.state.broken()
     }
 
-    /// Pops at most [`POP_BUDGET`] available requests, parses them and hands
+    /// The queue's counters.
+    pub fn counters(&self) -> &QueueCounters {
+        &self.counters
+    }
+
+    /// Whether used entries were published since the driver was last
+    /// considered for a call.
+    pub fn unnotified(&self) -> bool {
+        self.unnotified.pending()
+    }
+
+    /// Pops at most [`POP_BUDGET`](super::queues::POP_BUDGET) available requests, parses them and hands
     /// them to `exec`. With `rearm` and the ring drained, guest notifications
     /// are re-enabled afterwards (the thread will sleep; a request that raced
     /// with that is popped too); otherwise they stay off (the thread will
@@ -416,8 +335,8 @@ impl QueueSlot {
         }
         if self.resubmit_pending() {
             self.resubmit(id, exec, mem, &mut budget, now);
-            if self.resubmit_pending() || self.broken {
-                return if self.broken {
+            if self.resubmit_pending() || !self.active() {
+                return if !self.active() {
                     Popped::Drained
                 } else {
                     Popped::More
@@ -527,7 +446,13 @@ impl QueueSlot {
     /// Writes the status byte, puts the request on the used ring and counts
     /// it. The used length is the data written to guest buffers plus the
     /// status byte (0 if there is no status byte to write).
-    fn finish(&mut self, f: Finished, stats: &IoThreadStats, warn: &mut WarnLimiter, now: Instant) {
+    pub(super) fn finish(
+        &mut self,
+        f: Finished,
+        stats: &IoThreadStats,
+        warn: &mut WarnLimiter,
+        now: Instant,
+    ) {
         let Finished {
             ticket,
             result,
@@ -595,6 +520,7 @@ impl QueueSlot {
         }
         match self.add_used(&mem, ticket.head, used_len) {
             Ok(()) => {
+                self.unnotified.add();
                 self.log_used();
                 stats.used_publishes.add(1);
                 if let Some(record) = &mut self.record {
@@ -611,7 +537,6 @@ impl QueueSlot {
                 );
             }
         }
-        self.dirty = true;
     }
 
     /// Whether the driver asked to hear about the used entries added since
@@ -620,7 +545,7 @@ impl QueueSlot {
     /// virtio-queue does not look at (it would call after every publish).
     /// A driver that sets the flag while it reaps (libblkio, Linux) then
     /// gets a call only when it is about to wait.
-    fn wants_call(&mut self, mem: &GuestMem) -> Result<bool, virtio_queue::Error> {
+    fn wants_call(&self, mem: &GuestMem, added: u16) -> Result<bool, virtio_queue::Error> {
         if self.queue.event_idx_enabled() {
             // virtio-queue's `needs_notification`, with the used_event read
             // through `SmallAccess`. The used index was stored before this
@@ -630,7 +555,6 @@ impl QueueSlot {
             let q = &self.queue;
             let at = ring::used_event(GuestAddress(q.avail_ring()), q.size());
             let used_event = load_le16(mem, at, Ordering::Relaxed)?;
-            let added = std::mem::take(&mut self.num_added);
             return Ok(ring::event_idx_wants_call(q.next_used(), added, used_event));
         }
         // The used index was stored before this load, in that order (a
@@ -645,20 +569,19 @@ impl QueueSlot {
         Ok(flags & VRING_AVAIL_F_NO_INTERRUPT as u16 == 0)
     }
 
-    /// Signals the guest if requests were finished since the last call and
-    /// the guest wants to hear about it (EVENT_IDX / NO_INTERRUPT); true if
-    /// it did. `mem` is the current memory map (the pass's snapshot).
-    fn notify_guest(&mut self, mem: &GuestMem, stats: &IoThreadStats) -> bool {
-        if !self.dirty {
-            return false;
-        }
-        self.dirty = false;
-        match self.wants_call(mem) {
+    /// Signals the guest if used entries were published since the last check
+    /// and the guest wants to hear about it (EVENT_IDX / NO_INTERRUPT), and
+    /// counts the call or its suppression. `mem` is the current memory map
+    /// (the pass's snapshot).
+    pub(super) fn notify_guest(&mut self, mem: &GuestMem, stats: &IoThreadStats) {
+        let Some(added) = self.unnotified.take() else {
+            return;
+        };
+        match self.wants_call(mem, added.get()) {
             Ok(true) => {
                 if let Some(call) = &self.call {
                     let _ = (&*call).write(&1u64.to_ne_bytes());
                     stats.notifications.add(1);
-                    return true;
                 }
             }
             Ok(false) => stats.notifications_suppressed.add(1),
@@ -667,7 +590,6 @@ impl QueueSlot {
                 self.device.name, self.key.queue
             ),
         }
-        false
     }
 }
 
@@ -682,299 +604,4 @@ fn load_le16(
     mem.load_small::<u16>(at, order)
         .map(u16::from_le)
         .map_err(virtio_queue::Error::GuestMemory)
-}
-
-/// The queue slots of one IOThread, indexed by [`SlotId`], with what
-/// finishing a request needs (the thread's counters, the warning limiter).
-pub(super) struct Queues {
-    slots: Vec<Option<QueueSlot>>,
-    stats: Arc<IoThreadStats>,
-    warn: WarnLimiter,
-    /// Scratch list of finished requests.
-    finished: Vec<Finished>,
-    /// The current pass's clock (when its wait ended), set by the event
-    /// loop and cleared at the end of the pass: the pop and completion time
-    /// of the requests the pass handles, so the latency histogram costs no
-    /// clock read of its own. Outside a pass (a queue attached while the
-    /// thread slept) the clock is read.
-    clock: Option<Instant>,
-    /// In a sampled pass (issue 16's hand-back timing): when it first
-    /// published used entries and first called (an early hand-back, or the
-    /// end of the pass).
-    sample: Option<HandbackSample>,
-}
-
-/// See [`Queues::sample_handback`].
-#[derive(Debug, Default, Clone, Copy)]
-pub struct HandbackSample {
-    /// The first used-index publish.
-    pub publish: Option<Instant>,
-    /// The first call eventfd write returning.
-    pub call: Option<Instant>,
-}
-
-impl Queues {
-    /// No queue yet.
-    pub fn new(stats: Arc<IoThreadStats>) -> Queues {
-        Queues {
-            slots: Vec::new(),
-            stats,
-            warn: WarnLimiter::default(),
-            finished: Vec::with_capacity(super::executor::SCRATCH_CAPACITY),
-            clock: None,
-            sample: None,
-        }
-    }
-
-    /// Starts timing this pass's first publish and first call.
-    pub fn sample_handback(&mut self) {
-        self.sample = Some(HandbackSample::default());
-    }
-
-    /// What the sampled pass timed (None if not sampled); ends the sample.
-    pub fn take_handback_sample(&mut self) -> Option<HandbackSample> {
-        self.sample.take()
-    }
-
-    /// Notes the time of the sampled pass's first call, if one was sent.
-    fn note_call(&mut self, called: bool) {
-        if let (true, Some(HandbackSample { call: c @ None, .. })) = (called, &mut self.sample) {
-            *c = Some(Instant::now());
-        }
-    }
-
-    /// Sets the pass's clock (see `clock`), until [`Queues::notify`] ends the pass.
-    pub fn set_clock(&mut self, now: Instant) {
-        self.clock = Some(now);
-    }
-
-    fn now(&self) -> Instant {
-        self.clock.unwrap_or_else(Instant::now)
-    }
-
-    /// The slot `id`, if it serves a queue.
-    pub fn get(&self, id: SlotId) -> Option<&QueueSlot> {
-        self.slots.get(id.0).and_then(Option::as_ref)
-    }
-
-    /// The slot `id`, if it serves a queue.
-    pub fn get_mut(&mut self, id: SlotId) -> Option<&mut QueueSlot> {
-        self.slots.get_mut(id.0).and_then(Option::as_mut)
-    }
-
-    /// Switches dirty logging of every slot serving `key` (a draining one
-    /// too: its last requests are logged).
-    pub fn set_log(&mut self, key: QueueKey, log: Option<QueueLog>) {
-        for q in self.slots.iter_mut().flatten().filter(|q| q.key == key) {
-            q.set_log(log.clone());
-        }
-    }
-
-    /// Number of slots (served or free); slot ids are below it.
-    pub fn len(&self) -> usize {
-        self.slots.len()
-    }
-
-    /// The served queues with their slot ids.
-    pub fn iter(&self) -> impl Iterator<Item = (SlotId, &QueueSlot)> {
-        self.slots
-            .iter()
-            .enumerate()
-            .filter_map(|(i, q)| q.as_ref().map(|q| (SlotId(i), q)))
-    }
-
-    /// The served queues with their slot ids.
-    pub fn iter_mut(&mut self) -> impl Iterator<Item = (SlotId, &mut QueueSlot)> {
-        self.slots
-            .iter_mut()
-            .enumerate()
-            .filter_map(|(i, q)| q.as_mut().map(|q| (SlotId(i), q)))
-    }
-
-    /// The slot serving `key` (not detaching).
-    pub fn find(&self, key: QueueKey) -> Option<SlotId> {
-        self.iter()
-            .find(|(_, q)| q.key == key && q.detach.is_none())
-            .map(|(id, _)| id)
-    }
-
-    /// Serves `q` in the first free slot.
-    pub fn insert(&mut self, q: QueueSlot) -> SlotId {
-        let i = match self.slots.iter().position(Option::is_none) {
-            Some(i) => i,
-            None => {
-                self.slots.push(None);
-                self.slots.len() - 1
-            }
-        };
-        self.slots[i] = Some(q);
-        SlotId(i)
-    }
-
-    /// The id the next [`Queues::insert`] will use.
-    pub fn next_free(&self) -> SlotId {
-        SlotId(
-            self.slots
-                .iter()
-                .position(Option::is_none)
-                .unwrap_or(self.slots.len()),
-        )
-    }
-
-    /// Stops serving slot `id`.
-    pub fn remove(&mut self, id: SlotId) -> Option<QueueSlot> {
-        self.slots.get_mut(id.0).and_then(Option::take)
-    }
-
-    /// Requests popped and not yet finished, over all queues.
-    pub fn inflight(&self) -> usize {
-        self.iter().map(|(_, q)| q.inflight).sum()
-    }
-
-    /// Pops and executes the available requests of queue `id`, up to its
-    /// budget for the pass, handing back finished requests after every pop
-    /// (published; the driver called, if it asked, every [`CALL_EVERY`]
-    /// pops); counts a ring found broken and a budget used up.
-    pub fn process(&mut self, id: SlotId, exec: &mut Executor, rearm: bool) -> Popped {
-        let Some(mem) = self.get(id).map(QueueSlot::memory) else {
-            return Popped::Drained;
-        };
-        let mut budget = POP_BUDGET;
-        let mut uncalled = 0;
-        loop {
-            let (popped, n) = self.process_some(id, exec, rearm, &mem, budget);
-            if popped != Popped::HandBack {
-                return popped;
-            }
-            // Early hand-back (see CALL_EVERY): publish what is done, call
-            // every CALL_EVERY pops if the driver asked, go on within the
-            // pass's budget. The end of the pass calls for the rest.
-            self.deliver(exec);
-            uncalled += n;
-            if uncalled >= CALL_EVERY {
-                self.notify_one(id, &mem);
-                uncalled = 0;
-            }
-            budget -= n;
-            if budget == 0 {
-                self.stats.budget_exhausted.add(1);
-                return Popped::More;
-            }
-        }
-    }
-
-    /// [`QueueSlot::process`] within `budget`, counted; also how many it popped.
-    fn process_some(
-        &mut self,
-        id: SlotId,
-        exec: &mut Executor,
-        rearm: bool,
-        mem: &Arc<GuestMem>,
-        budget: usize,
-    ) -> (Popped, usize) {
-        let now = self.now();
-        let Some(q) = self.slots.get_mut(id.0).and_then(Option::as_mut) else {
-            return (Popped::Drained, 0);
-        };
-        let was_broken = q.broken();
-        let inflight = q.inflight;
-        let popped = q.process(id, exec, rearm, now, mem, budget);
-        // Nothing finishes during `process`: the growth is what it popped.
-        let n = q.inflight.saturating_sub(inflight);
-        self.stats.popped.add(n as u64);
-        q.counters.popped.add(n as u64);
-        if !was_broken && q.broken() {
-            self.stats.broken_rings.add(1);
-        }
-        if popped == Popped::More {
-            self.stats.budget_exhausted.add(1);
-        }
-        (popped, n)
-    }
-
-    /// Finishes every request the executor is done with: the one place a
-    /// request's status is written and its used entry added.
-    pub fn deliver(&mut self, exec: &mut Executor) {
-        let mut finished = std::mem::take(&mut self.finished);
-        exec.complete(&mut finished);
-        let published = self.stats.used_publishes.get();
-        if finished.is_empty() {
-            self.finished = finished;
-            return;
-        }
-        let now = self.now();
-        for f in finished.drain(..) {
-            match self.slots.get_mut(f.ticket.slot.0).and_then(Option::as_mut) {
-                Some(q) => q.finish(f, &self.stats, &mut self.warn, now),
-                None => error!("completion for a released queue slot {:?}", f.ticket.slot),
-            }
-        }
-        if self.stats.used_publishes.get() != published {
-            self.stats.used_batches.add(1);
-            if let Some(HandbackSample {
-                publish: p @ None, ..
-            }) = &mut self.sample
-            {
-                *p = Some(Instant::now());
-            }
-        }
-        self.finished = finished;
-    }
-
-    /// The notification of one queue, inside a pass (an early hand-back),
-    /// with the pass's memory snapshot.
-    fn notify_one(&mut self, id: SlotId, mem: &GuestMem) {
-        let called = self
-            .slots
-            .get_mut(id.0)
-            .and_then(Option::as_mut)
-            .is_some_and(|q| q.notify_guest(mem, &self.stats));
-        self.note_call(called);
-    }
-
-    /// One notification per queue that finished something since the last
-    /// call; the end of a pass (its clock is dropped).
-    pub fn notify(&mut self) {
-        self.clock = None;
-        let mut called = false;
-        // A snapshot only for the queues that published something.
-        for q in self.slots.iter_mut().flatten().filter(|q| q.dirty) {
-            let mem = q.memory();
-            called |= q.notify_guest(&mem, &self.stats);
-        }
-        self.note_call(called);
-    }
-}
-
-/// Rate limit for per-request warnings.
-#[derive(Default)]
-pub(super) struct WarnLimiter {
-    window: Option<Instant>,
-    count: u32,
-    suppressed: u64,
-}
-
-impl WarnLimiter {
-    /// At most 10 warnings per second per IOThread.
-    pub fn allow(&mut self) -> bool {
-        let now = Instant::now();
-        match self.window {
-            Some(w) if now.duration_since(w).as_secs() < 1 => {}
-            _ => {
-                if self.suppressed > 0 {
-                    warn!("{} similar warnings suppressed", self.suppressed);
-                }
-                self.window = Some(now);
-                self.count = 0;
-                self.suppressed = 0;
-            }
-        }
-        self.count += 1;
-        if self.count > 10 {
-            self.suppressed += 1;
-            false
-        } else {
-            true
-        }
-    }
 }

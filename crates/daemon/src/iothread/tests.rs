@@ -16,7 +16,8 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic, GuestMemoryMmap};
 
 use super::executor::{Executor, SlotId};
-use super::queue::{Popped, QueueSlot, Queues, CALL_EVERY, POP_BUDGET};
+use super::queue::{Popped, QueueSlot};
+use super::queues::{Queues, CALL_EVERY, POP_BUDGET};
 use super::{BlockDevice, GuestMem, InflightTracking, QueueAttach, QueueKey, QueueLog};
 use crate::block::{Backend, Disk};
 use crate::dirty_log::{DirtyLog, LOG_PAGE};
@@ -261,9 +262,13 @@ impl Rig {
     /// Pops and executes everything available, waits for the backend, and
     /// returns the used-ring entries (id, len) added meanwhile.
     fn run(&mut self) -> Vec<(u32, u32)> {
-        while self.queues.process(self.id, &mut self.exec, true) == Popped::More {}
+        while self
+            .queues
+            .process(self.id, &mut self.exec, true, Instant::now())
+            == Popped::More
+        {}
         for _ in 0..5000 {
-            self.queues.deliver(&mut self.exec);
+            self.queues.deliver(&mut self.exec, Instant::now());
             if self.queues.inflight() == 0 {
                 break;
             }
@@ -469,7 +474,7 @@ fn get_id_is_answered_by_the_device_model() {
         r.fill(DATA, &[0xcc; 32]);
         let q = r.push(req_type::GET_ID, 0, &[(DATA, 32, true)]);
         // Answered without the backend.
-        r.queues.process(r.id, &mut r.exec, true);
+        r.queues.process(r.id, &mut r.exec, true, Instant::now());
         assert_eq!(r.exec.inflight(), 0);
         assert_eq!(r.run(), vec![(q.head as u32, 20 + 1)]);
         assert_eq!(r.used_idx(), 1);
@@ -940,7 +945,10 @@ fn a_pass_publishes_each_finished_request_before_the_next_pop() {
         for i in 0..16u64 {
             r.push(req_type::IN, i * 8, &[(DATA + i * 0x1000, 4096, true)]);
         }
-        assert_eq!(r.queues.process(r.id, &mut r.exec, true), Popped::Drained);
+        assert_eq!(
+            r.queues.process(r.id, &mut r.exec, true, Instant::now()),
+            Popped::Drained
+        );
         assert_eq!(r.stats.popped.get(), 16, "{kind:?}");
         let early = r.used_idx();
         let calls = r.stats.notifications.get();
@@ -1022,8 +1030,8 @@ fn null_latency_delays_completion() {
     );
     let q = r.push(req_type::IN, 0, &[(DATA, 512, true)]);
     let t = Instant::now();
-    r.queues.process(r.id, &mut r.exec, true);
-    r.queues.deliver(&mut r.exec);
+    r.queues.process(r.id, &mut r.exec, true, Instant::now());
+    r.queues.deliver(&mut r.exec, Instant::now());
     if t.elapsed() < Duration::from_millis(15) {
         assert_eq!(r.used_idx(), 0);
         assert_eq!(r.exec.inflight(), 1);
@@ -1060,19 +1068,19 @@ fn polling_keeps_kicks_off_and_sleeping_turns_them_on() {
     let q = r.push(req_type::FLUSH, 0, &[]);
     assert!(r.queues.get(r.id).unwrap().has_avail(&r.mem));
     // Polling: popped with notifications left off.
-    r.queues.process(r.id, &mut r.exec, false);
+    r.queues.process(r.id, &mut r.exec, false, Instant::now());
     assert_eq!(
         flags(&r) & VRING_USED_F_NO_NOTIFY as u16,
         VRING_USED_F_NO_NOTIFY as u16
     );
     assert!(!r.queues.get(r.id).unwrap().has_avail(&r.mem));
-    r.queues.deliver(&mut r.exec);
+    r.queues.deliver(&mut r.exec, Instant::now());
     assert_eq!(r.status(&q), status::OK);
     // About to sleep: re-armed, and nothing arrived meanwhile.
     assert!(!r.queues.get_mut(r.id).unwrap().arm_or_break());
     assert_eq!(flags(&r) & VRING_USED_F_NO_NOTIFY as u16, 0);
     // A request that arrives while kicks are off is found when re-arming.
-    r.queues.process(r.id, &mut r.exec, false);
+    r.queues.process(r.id, &mut r.exec, false, Instant::now());
     let q2 = r.push(req_type::FLUSH, 0, &[]);
     assert!(r.queues.get_mut(r.id).unwrap().arm_or_break());
     assert_eq!(r.run(), vec![(q.head as u32, 1), (q2.head as u32, 1)]);
@@ -1153,10 +1161,16 @@ fn a_full_ring_is_popped_a_budget_at_a_time() {
     let n = QUEUE_SIZE as usize / 2 + POP_BUDGET / 2; // more than one budget, fits the ring
     let first = r.push(req_type::IN, 0, &[(DATA, 512, true)]);
     repeat_head(&mut r, first.head, n - 1);
-    assert_eq!(r.queues.process(r.id, &mut r.exec, true), Popped::More);
+    assert_eq!(
+        r.queues.process(r.id, &mut r.exec, true, Instant::now()),
+        Popped::More
+    );
     assert_eq!(r.stats.popped.get(), POP_BUDGET as u64, "one budget popped");
     assert_eq!(r.stats.budget_exhausted.get(), 1);
-    assert_eq!(r.queues.process(r.id, &mut r.exec, true), Popped::Drained);
+    assert_eq!(
+        r.queues.process(r.id, &mut r.exec, true, Instant::now()),
+        Popped::Drained
+    );
     assert_eq!(r.stats.popped.get(), n as u64);
     let used = r.run();
     assert_eq!(used.len(), n);
@@ -1176,8 +1190,12 @@ fn a_flooding_queue_leaves_room_for_another_each_pass() {
     let mut passes = 0;
     loop {
         passes += 1;
-        let f = flood.queues.process(flood.id, &mut flood.exec, true);
-        quiet.queues.process(quiet.id, &mut quiet.exec, true);
+        let f = flood
+            .queues
+            .process(flood.id, &mut flood.exec, true, Instant::now());
+        quiet
+            .queues
+            .process(quiet.id, &mut quiet.exec, true, Instant::now());
         assert!(flood.stats.popped.get() <= (POP_BUDGET * passes) as u64);
         if quiet.stats.popped.get() == 1 {
             break;
@@ -1194,13 +1212,19 @@ fn an_avail_index_beyond_the_queue_size_breaks_the_ring_once() {
     for kind in ALL {
         let mut r = Rig::new(kind);
         set_avail_idx(&mut r, QUEUE_SIZE + 1);
-        assert_eq!(r.queues.process(r.id, &mut r.exec, true), Popped::Drained);
+        assert_eq!(
+            r.queues.process(r.id, &mut r.exec, true, Instant::now()),
+            Popped::Drained
+        );
         assert_eq!(r.stats.broken_rings.get(), 1, "{kind:?}");
         assert!(r.queues.get(r.id).unwrap().broken());
         // Nothing popped, nothing completed, and it stays stopped: a later
         // pass does not touch it (no busy loop, no second count).
         assert_eq!(r.queues.inflight(), 0);
-        assert_eq!(r.queues.process(r.id, &mut r.exec, true), Popped::Drained);
+        assert_eq!(
+            r.queues.process(r.id, &mut r.exec, true, Instant::now()),
+            Popped::Drained
+        );
         assert_eq!(r.stats.broken_rings.get(), 1);
         assert_eq!(r.used_idx(), 0);
     }
@@ -1215,10 +1239,10 @@ fn a_head_beyond_the_queue_size_breaks_the_ring() {
     r.mem.write_obj(100u16, GuestAddress(slot)).unwrap();
     let next = r.avail_idx + 1;
     set_avail_idx(&mut r, next);
-    r.queues.process(r.id, &mut r.exec, true);
+    r.queues.process(r.id, &mut r.exec, true, Instant::now());
     assert_eq!(r.stats.broken_rings.get(), 1);
     // The request before it is still completed.
-    r.queues.deliver(&mut r.exec);
+    r.queues.deliver(&mut r.exec, Instant::now());
     assert_eq!(r.used_idx(), 1);
     assert_eq!(r.status(&good), status::OK);
 }
@@ -1493,7 +1517,7 @@ fn inflight_record_follows_the_queue_and_survives_a_crash() {
         .map(|i| r.push(req_type::OUT, 8 * i, &[(DATA, 512, false)]))
         .collect();
     // Popped (not yet completed): marked, counters in pop order.
-    r.queues.process(r.id, &mut r.exec, true);
+    r.queues.process(r.id, &mut r.exec, true, Instant::now());
     assert_eq!(
         r.used_idx(),
         0,
@@ -1518,7 +1542,7 @@ fn inflight_record_follows_the_queue_and_survives_a_crash() {
 
     // One more request, popped and running when the process dies...
     let running = r.push(req_type::OUT, 64, &[(DATA, 512, false)]);
-    r.queues.process(r.id, &mut r.exec, true);
+    r.queues.process(r.id, &mut r.exec, true, Instant::now());
     assert_eq!(region_desc(&file, running.head), (1, 4));
     // ...and the crash window of the third completion: the used ring shows it
     // (idx 3), the region still has it in flight with used_idx 2 (its
@@ -1659,7 +1683,10 @@ fn a_request_in_flight_when_logging_starts_is_marked_at_completion() {
         },
     );
     let q = r.push(req_type::IN, 0, &[(DATA, 4096, true)]);
-    assert_eq!(r.queues.process(r.id, &mut r.exec, true), Popped::Drained);
+    assert_eq!(
+        r.queues.process(r.id, &mut r.exec, true, Instant::now()),
+        Popped::Drained
+    );
     assert_eq!(r.queues.inflight(), 1);
     let log = r.log_on(true);
     r.run_one(&q, 4096 + 1, status::OK);
@@ -1687,9 +1714,9 @@ fn requests_allocate_nothing_in_steady_state() {
                 r.push(rtype, 8 * i, &[(at, 4096, rtype == req_type::IN)]);
             }
             let ((), n) = allocations_in(|| {
-                while r.queues.process(r.id, &mut r.exec, true) == Popped::More {}
+                while r.queues.process(r.id, &mut r.exec, true, Instant::now()) == Popped::More {}
                 for _ in 0..5000 {
-                    r.queues.deliver(&mut r.exec);
+                    r.queues.deliver(&mut r.exec, Instant::now());
                     if r.queues.inflight() == 0 {
                         break;
                     }

@@ -81,3 +81,41 @@ fn render_without_queues() {
     assert!(!text.contains("vqblk_requests_total"));
     assert!(!text.contains("vqblk_request_duration_seconds"));
 }
+
+/// The hand-back counters an operator reads (publishes, calls, calls the
+/// driver did not want, kicks) are counters; the measured nap figures and the
+/// polling window are gauges.
+#[test]
+fn render_handback_counters_and_gauges() {
+    let a = IoThreadStats::new("vqblk-iot0".into());
+    a.used_publishes.add(40);
+    a.notifications.add(9);
+    a.notifications_suppressed.add(31);
+    a.kicks.add(12);
+    a.nap_late_ns.set(6_000);
+    a.nap_cpu_ns.set(2_500);
+    let text = render(&[a.snapshot()]);
+    for (name, v) in [
+        ("vqblk_iothread_used_publishes_total", " 40"),
+        ("vqblk_iothread_notifications_total", " 9"),
+        ("vqblk_iothread_notifications_suppressed_total", " 31"),
+        ("vqblk_iothread_kicks_total", " 12"),
+    ] {
+        assert!(text.contains(&format!("# TYPE {name} counter")), "{name}");
+        assert!(
+            line(&text, &format!(r#"{name}{{iothread="0"}}"#)).ends_with(v),
+            "{name}"
+        );
+    }
+    for (name, v) in [
+        ("vqblk_iothread_nap_late_seconds", " 0.000006"),
+        ("vqblk_iothread_nap_cpu_seconds", " 0.0000025"),
+        ("vqblk_iothread_poll_window_seconds", " 0"),
+    ] {
+        assert!(text.contains(&format!("# TYPE {name} gauge")), "{name}");
+        assert!(
+            line(&text, &format!(r#"{name}{{iothread="0"}}"#)).ends_with(v),
+            "{name}"
+        );
+    }
+}

@@ -37,6 +37,7 @@ pub enum Action {
 /// GET_ID is answered here (the serial written into the guest's buffers, at
 /// most 20 bytes, virtio spec 1.2, 5.2.6); a flush of a read-only export has
 /// nothing to make durable.
+#[inline]
 pub fn action<M: GuestMemory + ?Sized>(
     op: Operation,
     mem: &M,
