@@ -48,14 +48,16 @@
 //! # Cost per request
 //!
 //! With no limit the data path holds no throttle at all (`Option` is `None`: a
-//! branch). With one bucket (say `iops-total`) an admitted request costs one
-//! load, a few float multiplications (the cost in ticks), and one
-//! compare-exchange, about 30 instructions; the compare-exchange is the only
-//! expensive part when IOThreads of one group admit at once (the cache line
-//! moves between cores, on the order of 100 ns). Only admitted requests write,
-//! so the line moves at most `limit` times a second: a throttle shared by
-//! IOThreads costs in proportion to the I/O it lets through, not to the
-//! pressure held back.
+//! branch). Otherwise an admitted request costs, per bucket of its direction,
+//! one load, a multiplication and a rounding (its cost in ticks) and one
+//! compare-exchange, on top of a call and a walk over the direction's active
+//! buckets; a held-back request costs the loads only. `examples/qos_cost.rs`
+//! counts the instructions under callgrind (docs/qos.md has the figures). The
+//! compare-exchange is the only expensive part when IOThreads of one group
+//! admit at once (the cache line moves between cores, on the order of 100 ns).
+//! Only admitted requests write, so the line moves at most as often as the
+//! limit lets requests through: a throttle shared by IOThreads costs in
+//! proportion to the I/O it admits, not to the pressure it holds back.
 //!
 //! Per-IOThread leases (take `k` units from the group at once) would move the
 //! line `k` times less often but add `N * k` units of error and credit that
