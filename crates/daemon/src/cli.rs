@@ -25,7 +25,7 @@ pub const DEFAULT_SIZE: &str = "1G";
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     /// TOML configuration file (`[iothreads]` and `[[export]]` tables).
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["image", "socket", "backend", "ceph_conf", "ceph_id", "ceph_op_timeout", "map", "poll", "poll_max_ns", "poll_grow", "poll_shrink", "poll_weight"])]
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["image", "socket", "backend", "ceph_conf", "ceph_id", "ceph_op_timeout", "map", "poll", "poll_max_ns", "poll_grow", "poll_shrink", "poll_weight", "throttle"])]
     pub config: Option<PathBuf>,
     /// Raw image file or block device to export.
     #[arg(long, value_name = "PATH")]
@@ -100,6 +100,11 @@ pub struct ServeArgs {
     /// (rados_osd_op_timeout; default 30).
     #[arg(long, value_name = "SECONDS")]
     pub ceph_op_timeout: Option<u64>,
+    /// I/O limits of the export with QEMU's throttling keys, KEY=VALUE,...
+    /// (e.g. iops-total=1000,iops-total-max=2000; a `throttling.` prefix, as in
+    /// QEMU's -drive, is accepted). docs/qos.md lists the keys.
+    #[arg(long, value_name = "LIMITS")]
+    pub throttle: Option<String>,
     /// Socket file mode, octal.
     #[arg(long, value_name = "MODE")]
     pub socket_mode: Option<String>,
@@ -202,6 +207,9 @@ impl ServeArgs {
         e.latency_ns = self.latency_ns;
         e.create = create;
         e.socket_mode = self.socket_mode.clone();
+        if let Some(limits) = &self.throttle {
+            e.throttle = Some(parse_throttle(limits).map_err(|m| format!("--throttle: {m}"))?);
+        }
         if let Some(spec) = &self.map {
             e.iothread_vq_mapping =
                 Some(VirtqueueMap::parse_spec(spec).map_err(|m| format!("--map: {m}"))?);
@@ -261,6 +269,29 @@ impl ServeArgs {
 }
 
 pub use crate::logging::init_logging;
+
+/// Parses `--throttle`: `KEY=VALUE` pairs separated by commas, with QEMU's
+/// keys (optionally `throttling.KEY`, as QEMU's `-drive` writes them). Unknown
+/// keys are refused; the rules between keys are checked with the rest of the
+/// export.
+pub fn parse_throttle(spec: &str) -> Result<crate::qos::ThrottleConfig, String> {
+    let mut map = serde_json::Map::new();
+    for pair in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (key, value) = pair
+            .split_once('=')
+            .ok_or_else(|| format!("{pair:?} is not KEY=VALUE (e.g. iops-total=1000)"))?;
+        let key = key.trim();
+        let key = key.strip_prefix("throttling.").unwrap_or(key);
+        let value: u64 = value
+            .trim()
+            .parse()
+            .map_err(|_| format!("{key}: {value:?} is not a whole number"))?;
+        if map.insert(key.to_string(), value.into()).is_some() {
+            return Err(format!("{key} is given twice"));
+        }
+    }
+    serde_json::from_value(serde_json::Value::Object(map)).map_err(|e| e.to_string())
+}
 
 fn qemu_command_line(socket: &Path, queues: u16) -> String {
     format!(
@@ -478,6 +509,7 @@ pub fn flag_name(field: &str) -> String {
         "control.socket" => "--control".into(),
         "metrics.listen" => "--metrics".into(),
         "iothread-vq-mapping" => "--map".into(),
+        f if f.starts_with("throttle.") => format!("--throttle {}", &f["throttle.".len()..]),
         f if f.starts_with("iothreads.thread") => "--iothread-pin".into(),
         f if !f.contains('.') && !f.contains('[') => format!("--{f}"),
         f => f.into(),
@@ -579,6 +611,33 @@ mod tests {
         assert_eq!(poll_of(&["--poll-weight", "0"]).0, PollMode::Classic);
         let (m, p) = poll_of(&["--poll", "weighted", "--poll-weight", "2"]);
         assert_eq!((m, p.poll_weight), (PollMode::Weighted, 2));
+    }
+
+    #[test]
+    fn throttle_flag_takes_qemu_keys() {
+        let (cfg, _) = config_of(&["--throttle", "iops-total=1000,throttling.bps-total=5000000"]);
+        let plans = cfg.validate().unwrap();
+        let limits = plans[0].throttle.unwrap();
+        assert_eq!(limits.to_string(), "bps-total=5000000,iops-total=1000");
+        let base = ["--image", "/i", "--socket", "/s", "--throttle"];
+        let e = config_err(&[&base[..], &["iops-total=10,iops-write=5"]].concat());
+        assert!(
+            e.starts_with("--throttle iops-write: cannot be combined with iops-total"),
+            "{e}"
+        );
+        for (spec, want) in [
+            ("iops-total", "\"iops-total\" is not KEY=VALUE"),
+            (
+                "iops-total=ten",
+                "iops-total: \"ten\" is not a whole number",
+            ),
+            ("iops-total=1,iops-total=2", "iops-total is given twice"),
+            ("iops-totl=1", "unknown field `iops-totl`"),
+        ] {
+            let e = parse_throttle(spec).unwrap_err();
+            assert!(e.contains(want), "{spec}: {e}");
+        }
+        assert_eq!(parse_throttle("").unwrap(), Default::default());
     }
 
     /// The serve model of `--image /i --socket /s` plus `extra` flags.

@@ -10,6 +10,7 @@ use serde::Deserialize;
 
 use crate::mapping::{Assignment, VirtqueueMap};
 use crate::poll::{PollMode, PollParams};
+use crate::qos::{ThrottleConfig, ThrottleLimits};
 
 /// Largest number of virtqueues per export (the virtio-blk `num_queues` is a u16,
 /// but one IOThread pass handles a bounded set; QEMU caps at 1024 queues).
@@ -271,6 +272,23 @@ pub struct ExportConfig {
     /// (`rados_osd_op_timeout`; also the monitor and connect timeouts; default 30).
     #[serde(default)]
     pub ceph_op_timeout: Option<u64>,
+    /// I/O limits of this export (`[export.throttle]`, QEMU's
+    /// `throttling.*` keys; docs/qos.md).
+    #[serde(default)]
+    pub throttle: Option<ThrottleConfig>,
+    /// The `[[throttle-group]]` whose limits this export shares with the
+    /// group's other members.
+    #[serde(default)]
+    pub throttle_group: Option<String>,
+    /// Operations per second this export gets whenever it asks for them, as
+    /// long as the reservations of the exports sharing its backing device fit
+    /// what the device does (0 or unset: none).
+    #[serde(default)]
+    pub reservation_iops: Option<u64>,
+    /// This export's share of what the device does beyond the reservations,
+    /// relative to the other exports on it (default 1).
+    #[serde(default)]
+    pub weight: Option<u32>,
 }
 
 fn one_u16() -> u16 {
@@ -308,6 +326,10 @@ impl ExportConfig {
             ceph_conf: None,
             ceph_id: None,
             ceph_op_timeout: None,
+            throttle: None,
+            throttle_group: None,
+            reservation_iops: None,
+            weight: None,
         }
     }
 }
@@ -336,7 +358,28 @@ pub struct ServeConfig {
     /// default: every step (drain, flush, close) is waited for.
     #[serde(default)]
     pub shutdown_timeout: Option<u64>,
+    /// Named sets of limits that exports join (`[[throttle-group]]`).
+    #[serde(default, rename = "throttle-group")]
+    pub throttle_groups: Vec<ThrottleGroupConfig>,
 }
+
+/// A `[[throttle-group]]` table: a name and the limits its members share
+/// (QEMU's `throttle-group` object, libvirt's `<iotune><group_name>`).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ThrottleGroupConfig {
+    /// The name exports give in `throttle-group = "NAME"`.
+    pub name: String,
+    /// The limits, with the keys of `[export.throttle]`.
+    #[serde(flatten)]
+    pub limits: ThrottleConfig,
+}
+
+/// Largest weight of an export.
+pub const MAX_WEIGHT: u32 = 10_000;
+/// Largest sum of the reservations of the exports on one backing device: more
+/// than any single device completes today, so a larger sum is a typo.
+pub const MAX_RESERVED_IOPS: u64 = 10_000_000;
 
 /// The `[control]` table: where the JSON-RPC control socket listens.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -417,6 +460,8 @@ pub struct ExportPlan {
     pub create: Option<u64>,
     /// Socket permission bits.
     pub socket_mode: u32,
+    /// The export's own limits (`[export.throttle]`), if any is set.
+    pub throttle: Option<ThrottleLimits>,
 }
 
 impl ServeConfig {
@@ -496,6 +541,7 @@ impl ServeConfig {
                 "no export configured (add an [[export]] table, or a [control] socket to add them at run time)",
             ));
         }
+        let groups = self.throttle_group_plans()?;
         let mut plans = Vec::new();
         for (i, e) in self.exports.iter().enumerate() {
             let plan = validate_export(i, e, pool)?;
@@ -516,6 +562,8 @@ impl ServeConfig {
             }
             plans.push(plan);
         }
+        let names: Vec<String> = plans.iter().map(|p| p.name.clone()).collect();
+        check_shared_qos(&self.exports, &names, &groups, 0)?;
         Ok(plans)
     }
 }
@@ -675,6 +723,7 @@ pub(crate) fn validate_export(
             ));
         }
     }
+    let throttle = export_limits(e, &f)?;
     let socket_mode = match &e.socket_mode {
         None => 0o600,
         Some(m) => parse_mode(m).ok_or_else(|| {
@@ -691,10 +740,205 @@ pub(crate) fn validate_export(
         size,
         create,
         socket_mode,
+        throttle,
     })
 }
 
 use crate::size::parse_size;
+
+/// An export's own limits, weight and reservation, checked alone; its group
+/// and the other exports on its device are checked by [`check_shared_qos`].
+/// Returns the limits if any is set.
+fn export_limits(
+    e: &ExportConfig,
+    f: &dyn Fn(&str) -> String,
+) -> Result<Option<ThrottleLimits>, ConfigError> {
+    let limits = e
+        .throttle
+        .as_ref()
+        .map(|t| {
+            t.validate()
+                .map_err(|l| ConfigError::new(f(&format!("throttle.{}", l.key)), l.message))
+        })
+        .transpose()?;
+    if let (Some(_), Some(g)) = (&e.throttle, &e.throttle_group) {
+        return Err(ConfigError::new(
+            f("throttle"),
+            format!(
+                "cannot be combined with throttle-group = {g:?}: an export belongs to one \
+                 throttle group, as a QEMU throttle node does (its own limits are a group of \
+                 one); set the limits in that [[throttle-group]]"
+            ),
+        ));
+    }
+    if let Some(w) = e.weight {
+        if w == 0 || w > MAX_WEIGHT {
+            return Err(ConfigError::new(
+                f("weight"),
+                format!("{w} is out of range (1..={MAX_WEIGHT})"),
+            ));
+        }
+    }
+    let reserved = e.reservation_iops.unwrap_or(0);
+    if reserved > MAX_RESERVED_IOPS {
+        return Err(ConfigError::new(
+            f("reservation-iops"),
+            format!("{reserved} is more than a device does (at most {MAX_RESERVED_IOPS})"),
+        ));
+    }
+    if let Some(cap) = limits.as_ref().and_then(iops_cap) {
+        if reserved > cap {
+            return Err(ConfigError::new(
+                f("reservation-iops"),
+                format!(
+                    "{reserved} is above the export's own limit of {cap} IOPS \
+                     (throttle.iops-total, or iops-read + iops-write): it could never be given"
+                ),
+            ));
+        }
+    }
+    Ok(limits.filter(ThrottleLimits::is_enabled))
+}
+
+/// The most operations per second `limits` let through in the long run, if
+/// they cap both reads and writes.
+fn iops_cap(limits: &ThrottleLimits) -> Option<u64> {
+    use crate::qos::BucketKind::{IopsRead, IopsTotal, IopsWrite};
+    let avg = |k| limits.bucket(k).avg;
+    match (avg(IopsTotal), avg(IopsRead), avg(IopsWrite)) {
+        (0, 0, _) | (0, _, 0) => None,
+        (0, r, w) => Some(r + w),
+        (t, _, _) => Some(t),
+    }
+}
+
+/// A validated `[[throttle-group]]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ThrottleGroupPlan {
+    /// Its name.
+    pub name: String,
+    /// Its limits (possibly none: a group may be given limits live).
+    pub limits: ThrottleLimits,
+}
+
+/// Whether `name` is a well-formed group name: a letter, then letters, digits,
+/// `-`, `.` or `_` (QEMU's rule for object ids).
+fn is_group_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || "-._".contains(c))
+}
+
+impl ServeConfig {
+    /// Checks the `[[throttle-group]]` tables.
+    pub fn throttle_group_plans(&self) -> Result<Vec<ThrottleGroupPlan>, ConfigError> {
+        let mut plans: Vec<ThrottleGroupPlan> = Vec::new();
+        for (j, g) in self.throttle_groups.iter().enumerate() {
+            let f = |name: &str| format!("throttle-group[{j}].{name}");
+            if !is_group_name(&g.name) {
+                return Err(ConfigError::new(
+                    f("name"),
+                    format!(
+                        "{:?} is not a name: a letter, then letters, digits, '-', '.' or '_'",
+                        g.name
+                    ),
+                ));
+            }
+            if plans.iter().any(|p| p.name == g.name) {
+                return Err(ConfigError::new(
+                    f("name"),
+                    format!("{:?} is the name of another group", g.name),
+                ));
+            }
+            let limits = g
+                .limits
+                .validate()
+                .map_err(|l| ConfigError::new(f(&l.key), l.message))?;
+            plans.push(ThrottleGroupPlan {
+                name: g.name.clone(),
+                limits,
+            });
+        }
+        Ok(plans)
+    }
+}
+
+/// Checks what involves several exports: each export's `throttle-group`
+/// exists, and the reservations of the exports that share a backing device
+/// (the same image) or a throttle group fit. A device's capacity is not known
+/// here, so a sum is refused only when it is nonsense: above
+/// [`MAX_RESERVED_IOPS`], or above the group's own IOPS limit. `names` are
+/// the exports' names, for the messages; `first` is the index of `exports[0]`
+/// in the error paths.
+pub fn check_shared_qos(
+    exports: &[ExportConfig],
+    names: &[String],
+    groups: &[ThrottleGroupPlan],
+    first: usize,
+) -> Result<(), ConfigError> {
+    let mut per_device: Vec<(&std::path::Path, u64)> = Vec::new();
+    let mut per_group: Vec<(&str, u64)> = Vec::new();
+    for (k, e) in exports.iter().enumerate() {
+        let f = |name: &str| format!("export[{}].{name}", first + k);
+        let reserved = e.reservation_iops.unwrap_or(0);
+        if let Some(g) = &e.throttle_group {
+            let Some(group) = groups.iter().find(|p| &p.name == g) else {
+                return Err(ConfigError::new(
+                    f("throttle-group"),
+                    format!(
+                        "export {:?} joins {g:?}, which is not a [[throttle-group]]",
+                        names[k]
+                    ),
+                ));
+            };
+            let sum = match per_group.iter_mut().find(|(n, _)| n == g) {
+                Some((_, sum)) => {
+                    *sum += reserved;
+                    *sum
+                }
+                None => {
+                    per_group.push((g, reserved));
+                    reserved
+                }
+            };
+            if let Some(cap) = iops_cap(&group.limits) {
+                if sum > cap {
+                    return Err(ConfigError::new(
+                        f("reservation-iops"),
+                        format!(
+                            "the members of throttle group {g:?} reserve {sum} IOPS in all, \
+                             above the group's limit of {cap} IOPS"
+                        ),
+                    ));
+                }
+            }
+        }
+        let Some(image) = e.image.as_deref().filter(|_| reserved != 0) else {
+            continue;
+        };
+        let sum = match per_device.iter_mut().find(|(p, _)| *p == image) {
+            Some((_, sum)) => {
+                *sum += reserved;
+                *sum
+            }
+            None => {
+                per_device.push((image, reserved));
+                reserved
+            }
+        };
+        if sum > MAX_RESERVED_IOPS {
+            return Err(ConfigError::new(
+                f("reservation-iops"),
+                format!(
+                    "the exports of {} reserve {sum} IOPS in all, more than a device does \
+                     (at most {MAX_RESERVED_IOPS})",
+                    image.display()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
 
 /// Parses a cpuset such as "0-2,5" into CPU numbers.
 pub fn parse_cpuset(s: &str) -> Result<Vec<usize>, String> {
@@ -946,6 +1190,195 @@ queues = 2
                 .contains("bogus"),
             "unknown keys in [iothreads] are refused"
         );
+    }
+
+    /// `[export.throttle]`: QEMU's keys, QEMU's rules, errors naming the field.
+    #[test]
+    fn export_throttle_keys() {
+        use crate::qos::{BucketKind, BucketLimit};
+        let base = "[[export]]\nsocket = \"/s\"\nimage = \"/i\"\n";
+        let c = ServeConfig::from_toml(&format!(
+            "{base}[export.throttle]\niops-total = 1000\niops-total-max = 2000\n\
+             iops-total-max-length = 10\nbps-read = 1000000\niops-size = 4096\n"
+        ))
+        .unwrap();
+        let limits = c.validate().unwrap()[0].throttle.unwrap();
+        assert_eq!(
+            limits.bucket(BucketKind::IopsTotal),
+            BucketLimit {
+                avg: 1000,
+                max: 2000,
+                max_length: 10
+            }
+        );
+        assert_eq!(limits.bucket(BucketKind::BpsRead).avg, 1_000_000);
+        assert_eq!(limits.iops_size(), 4096);
+        // No table, or only zeroes (QEMU's "no limit"): nothing to enforce.
+        assert!(ServeConfig::from_toml(base).unwrap().validate().unwrap()[0]
+            .throttle
+            .is_none());
+        let zero = format!("{base}[export.throttle]\niops-total = 0\n");
+        assert!(
+            ServeConfig::from_toml(&zero).unwrap().validate().unwrap()[0]
+                .throttle
+                .is_none()
+        );
+        let second = "[[export]]\nsocket = \"/s2\"\nimage = \"/i2\"\n";
+        for (text, want) in [
+            (
+                format!("{base}[export.throttle]\niops-total = 100\niops-read = 10"),
+                "export[0].throttle.iops-read: cannot be combined with iops-total",
+            ),
+            (
+                format!("{base}{second}[export.throttle]\niops-total-max = 10"),
+                "export[1].throttle.iops-total-max: needs iops-total",
+            ),
+            (
+                format!("{base}[export.throttle]\nbps-write = 10\nbps-write-max = 5"),
+                "export[0].throttle.bps-write-max: 5 is below",
+            ),
+            (
+                format!("{base}[export.throttle]\nbps-total = 10\nbps-total-max-length = 5"),
+                "export[0].throttle.bps-total-max-length: needs bps-total-max",
+            ),
+            (
+                format!("{base}[export.throttle]\niops-size = 512"),
+                "export[0].throttle.iops-size: needs an iops limit",
+            ),
+        ] {
+            assert!(err_of(&text).starts_with(want), "{text}: {}", err_of(&text));
+        }
+        let typo = err_of(&format!("{base}[export.throttle]\niops-totl = 1"));
+        assert!(typo.contains("unknown field `iops-totl`"), "{typo}");
+    }
+
+    /// `[[throttle-group]]` and `throttle-group = "NAME"`.
+    #[test]
+    fn throttle_groups() {
+        let group = "[[throttle-group]]\nname = \"tenant-a\"\niops-total = 1000\n";
+        let member = |socket: &str, extra: &str| {
+            format!(
+                "[[export]]\nsocket = \"{socket}\"\nimage = \"/i\"\n\
+                 throttle-group = \"tenant-a\"\n{extra}"
+            )
+        };
+        let text = format!("{group}{}{}", member("/a", ""), member("/b", ""));
+        let c = ServeConfig::from_toml(&text).unwrap();
+        let plans = c.validate().unwrap();
+        assert!(
+            plans.iter().all(|p| p.throttle.is_none()),
+            "the group's, not their own"
+        );
+        let groups = c.throttle_group_plans().unwrap();
+        assert_eq!(groups.len(), 1);
+        assert_eq!(groups[0].name, "tenant-a");
+        assert_eq!(
+            groups[0]
+                .limits
+                .bucket(crate::qos::BucketKind::IopsTotal)
+                .avg,
+            1000
+        );
+        // A group nobody joins yet is fine (exports may join it live).
+        assert!(
+            ServeConfig::from_toml(&format!("{group}[control]\nsocket = \"/c\"\n"))
+                .unwrap()
+                .validate()
+                .is_ok()
+        );
+        for (text, want) in [
+            (
+                member("/a", "").replace("tenant-a", "nope"),
+                "export[0].throttle-group: export \"export0\" joins \"nope\", which is not",
+            ),
+            (
+                format!(
+                    "{group}{}",
+                    member("/a", "[export.throttle]\niops-total = 5\n")
+                ),
+                "export[0].throttle: cannot be combined with throttle-group = \"tenant-a\"",
+            ),
+            (
+                format!("{group}{group}{}", member("/a", "")),
+                "throttle-group[1].name: \"tenant-a\" is the name of another group",
+            ),
+            (
+                format!("{}{}", group.replace("tenant-a", "1x"), member("/a", "")),
+                "throttle-group[0].name: \"1x\" is not a name",
+            ),
+            (
+                format!("{group}bps-total = 1\nbps-read = 1\n{}", member("/a", "")),
+                "throttle-group[0].bps-read: cannot be combined with bps-total",
+            ),
+        ] {
+            assert!(err_of(&text).starts_with(want), "{text}: {}", err_of(&text));
+        }
+        let typo = err_of(&format!("{group}bogus = 1\n{}", member("/a", "")));
+        assert!(
+            typo.contains("bogus"),
+            "unknown keys in a group are refused: {typo}"
+        );
+    }
+
+    /// `weight` and `reservation-iops`: weights from 1, and reservations that
+    /// cannot be nonsense (above the export's or its group's own limit, or
+    /// more in all on one image than any device does).
+    #[test]
+    fn weights_and_reservations() {
+        let export = |socket: &str, extra: &str| {
+            format!("[[export]]\nsocket = \"{socket}\"\nimage = \"/i\"\n{extra}\n")
+        };
+        let ok = format!(
+            "{}{}",
+            export("/a", "reservation-iops = 3000\nweight = 1"),
+            export("/b", "weight = 3")
+        );
+        let c = ServeConfig::from_toml(&ok).unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.exports[0].reservation_iops, Some(3000));
+        assert_eq!(c.exports[1].weight, Some(3));
+        let group = "[[throttle-group]]\nname = \"g\"\niops-read = 400\niops-write = 600\n";
+        for (text, want) in [
+            (export("/a", "weight = 0"), "export[0].weight: 0 is out of range"),
+            (
+                export("/a", "weight = 10001"),
+                "export[0].weight: 10001 is out of range",
+            ),
+            (
+                export("/a", "reservation-iops = 20000000"),
+                "export[0].reservation-iops: 20000000 is more than a device does",
+            ),
+            (
+                export("/a", "reservation-iops = 5000\n[export.throttle]\niops-total = 1000"),
+                "export[0].reservation-iops: 5000 is above the export's own limit of 1000",
+            ),
+            (
+                format!(
+                    "{}{}",
+                    export("/a", "reservation-iops = 6000000"),
+                    export("/b", "reservation-iops = 6000000")
+                ),
+                "export[1].reservation-iops: the exports of /i reserve 12000000 IOPS in all",
+            ),
+            (
+                format!(
+                    "{group}{}{}",
+                    export("/a", "throttle-group = \"g\"\nreservation-iops = 600"),
+                    export("/b", "throttle-group = \"g\"\nreservation-iops = 600")
+                ),
+                "export[1].reservation-iops: the members of throttle group \"g\" reserve 1200 IOPS in all, above the group's limit of 1000",
+            ),
+        ] {
+            assert!(err_of(&text).starts_with(want), "{text}: {}", err_of(&text));
+        }
+        // Reservations on different images do not add up; within a group's limit they fit.
+        let fits = format!(
+            "{group}{}{}",
+            export("/a", "throttle-group = \"g\"\nreservation-iops = 500"),
+            export("/b", "throttle-group = \"g\"\nreservation-iops = 500")
+                .replace("\"/i\"", "\"/j\"")
+        );
+        ServeConfig::from_toml(&fits).unwrap().validate().unwrap();
     }
 
     #[test]

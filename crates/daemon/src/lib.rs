@@ -7,6 +7,7 @@
 //! - [`virtio`]: descriptor chains to requests, and the device model;
 //! - [`block`]: backends that execute block operations (io_uring, threads, null).
 //! - [`control`]: the JSON-RPC control socket (`vqblk ctl`, `vqblk top`).
+//! - [`qos`]: I/O limits, throttle groups, reservations and weights (pure).
 
 pub mod block;
 pub mod cli;
@@ -20,6 +21,7 @@ pub mod logging;
 pub mod mapping;
 pub mod metrics;
 pub mod poll;
+pub mod qos;
 pub mod seccomp;
 pub mod size;
 pub mod stats;

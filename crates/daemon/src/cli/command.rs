@@ -93,6 +93,9 @@ pub struct ServeCommand {
     pub ceph_op_timeout: Option<u64>,
     /// `--shutdown-timeout SECONDS`: how long a shutdown may take in total.
     pub shutdown_timeout: Option<u64>,
+    /// `--throttle LIMITS`: the export's I/O limits, QEMU's keys as
+    /// `KEY=VALUE,...`.
+    pub throttle: Option<String>,
 }
 
 /// The name clap gives a `ValueEnum` value on the command line.
@@ -203,6 +206,9 @@ impl ServeCommand {
         }
         if let Some(m) = &self.metrics {
             flag("--metrics", m.into());
+        }
+        if let Some(t) = &self.throttle {
+            flag("--throttle", t.into());
         }
         if self.read_only {
             v.push("--read-only".into());

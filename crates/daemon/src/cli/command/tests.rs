@@ -60,6 +60,7 @@ fn back(a: ServeArgs) -> ServeCommand {
         ceph_id,
         ceph_op_timeout,
         shutdown_timeout,
+        throttle,
     } = a;
     let bytes = |s: Option<String>| s.map(|s| crate::size::parse_size(&s).unwrap());
     ServeCommand {
@@ -105,6 +106,7 @@ fn back(a: ServeArgs) -> ServeCommand {
         ceph_id,
         ceph_op_timeout,
         shutdown_timeout,
+        throttle,
     }
 }
 
@@ -166,6 +168,7 @@ fn full() -> ServeCommand {
         ceph_id: Some("vqblk".into()),
         ceph_op_timeout: Some(7),
         shutdown_timeout: Some(50),
+        throttle: Some("iops-total=1000,bps-total-max=2000000".into()),
     }
 }
 
