@@ -150,13 +150,6 @@ def run_bench(target, iodepth, runtime, server_pid=None, rw="randread", numjobs=
     if iots:
         reqs = sum(t["requests"] for t in iots)
         res["calls_per_io"] = sum(t["notifications"] for t in iots) / reqs if reqs else 0.0
-        # Sampled hand-back delays (builds that count them): mean ns from popping
-        # to publishing the used entries, and from publishing to the call.
-        if "handback_samples" in iots[0]:
-            n = sum(t["handback_samples"] for t in iots)
-            c = sum(t["call_samples"] for t in iots)
-            res["pop_to_publish_ns"] = sum(t["pop_to_publish_ns"] for t in iots) / n if n else 0.0
-            res["publish_to_call_ns"] = sum(t["publish_to_call_ns"] for t in iots) / c if c else 0.0
     # Every CPU of the machine (client, server, and whatever else runs: the
     # OSD of a local Ceph cluster) over the run, per I/O, and how busy the
     # CPUs were: when they are all busy, IOPS follow this figure.
