@@ -7,10 +7,10 @@
 //! The unit test `reference_scenario_meets_its_goals` holds the scheduler to
 //! the same table; docs/qos.md quotes it.
 
-use vqblk_daemon::qos::sim::{reference, simulate};
+use vqblk_daemon::qos::sim::{reference_scenario, simulate};
 
 fn main() {
-    let (clients, phases) = reference();
+    let (clients, phases) = reference_scenario();
     println!(
         "{:>8} {:>5} {:<9} {:>7} {:>6} {:>6} {:>8} {:>8} {:>8} {:>8}",
         "device",

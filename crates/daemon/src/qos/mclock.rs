@@ -43,12 +43,15 @@
 //!   previous request was served: two requests of a client are never closer
 //!   than `cost / l`.
 //! - **A missed reservation is repaid for at most [`RESERVATION_CATCH_UP_NS`].**
-//!   When the reservations do not fit (the device slowed down), a reserved
-//!   client's `R` tags fall behind `now` without bound in the paper, and when
-//!   capacity returns it takes the whole device until they catch up, starving
-//!   the others for as long as the shortage lasted. Here `R` never lags `now`
-//!   by more than the catch-up window: enough to absorb dispatch jitter, not
-//!   to turn a device's bad minute into a neighbour's outage.
+//!   When the reservations do not fit (the device slowed down), the `R` tags
+//!   of a reserved client's queued requests fall behind `now` as far back as
+//!   their arrival times go in the paper, and when capacity returns it takes
+//!   the whole device until they catch up, starving the others for as long as
+//!   the shortage lasted (a shallow queue, whose requests all arrived
+//!   recently, limits the debt by itself; a deep one does not). Here `R`
+//!   never lags `now` by more than the catch-up window: enough to absorb
+//!   dispatch jitter, not to turn a device's bad minute into a neighbour's
+//!   outage.
 //!
 //! The scheduler is pure: time is passed in, nothing is shared. A dequeue is
 //! `O(clients)`; a backing device is shared by a handful of exports.
@@ -394,20 +397,27 @@ mod tests {
         );
     }
 
-    /// A shortage is repaid for at most the catch-up window.
+    /// A shortage is repaid for at most the catch-up window, even to a deep
+    /// backlog whose arrival times lie before the shortage.
     #[test]
     fn a_missed_reservation_is_repaid_only_within_the_window() {
         let mut s = MClock::new();
-        s.add_client(client(2000.0, 1, 0.0));
+        let r = s.add_client(client(2000.0, 1, 0.0));
         s.add_client(client(0.0, 1, 0.0));
+        for _ in 0..20_000 {
+            s.enqueue(r, 1.0, 0);
+        }
         // 1 s at 1000 IOPS: the reservation (2000/s) does not fit.
         let short = run(&mut s, 1000, 1, 0);
-        assert_eq!(short[0].0, 1000, "{short:?}");
+        assert_eq!(short[r].0, 1000, "{short:?}");
         // Then 10K IOPS: the reserved client catches up at most 100 ms of
-        // its reservation (200 requests) beyond its normal share.
+        // its reservation (200 requests), not the 1000 it missed.
         let after = run(&mut s, 10_000, 1, 1_000_000_000);
-        assert!(after[0].0 <= 2000 + 201, "{after:?}");
-        assert!(after[1].1 >= 3900, "{after:?}");
+        assert!(after[r].0 <= 2000 + 201, "{after:?}");
+        assert!(after[1].1 >= 3850, "{after:?}");
+        // Without a shortage nothing is owed: 2000/s exactly.
+        let steady = run(&mut s, 10_000, 1, 2_000_000_000);
+        assert!((1999..=2001).contains(&steady[r].0), "{steady:?}");
     }
 
     #[test]
@@ -430,6 +440,18 @@ mod tests {
         }
         // Equal weights share cost, not requests.
         assert!((served[0] - served[1]).abs() <= 4.0, "{served:?}");
+    }
+
+    #[test]
+    fn new_params_apply_to_the_next_requests() {
+        let mut s = MClock::new();
+        let a = s.add_client(client(0.0, 1, 0.0));
+        s.add_client(client(0.0, 1, 0.0));
+        let even = run(&mut s, 1000, 1, 0);
+        assert!(even[a].1.abs_diff(even[1].1) <= 2, "{even:?}");
+        s.set_params(a, client(0.0, 4, 0.0));
+        let four = run(&mut s, 1000, 1, 1_000_000_000);
+        assert!((795..=805).contains(&four[a].1), "{four:?}");
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //! allocation the model promises ([`expected`]).
 //!
 //! `cargo run --release -p vqblk-daemon --example qos_sim` prints the table of
-//! [`reference`]; the unit tests hold the scheduler to it.
+//! [`reference_scenario`]; the unit tests hold the scheduler to it.
 
 use super::mclock::{ClientParams, Dispatch, MClock, Phase};
 
@@ -154,7 +154,7 @@ pub fn expected(clients: &[SimClient], iops: f64) -> (Vec<f64>, bool) {
 /// flooding one (weight 3) and a capped one (weight 1, limit 1500), on a device
 /// doing 10K, then 4K, then 20K, then 2K (reservations no longer fit), then
 /// 10K IOPS again.
-pub fn reference() -> (Vec<SimClient>, Vec<Capacity>) {
+pub fn reference_scenario() -> (Vec<SimClient>, Vec<Capacity>) {
     let clients = vec![
         SimClient {
             name: "reserved",
@@ -196,7 +196,7 @@ mod tests {
     /// model.
     #[test]
     fn reference_scenario_meets_its_goals() {
-        let (clients, phases) = reference();
+        let (clients, phases) = reference_scenario();
         let results = simulate(&clients, &phases);
         for r in &results {
             let at = format!("at {} IOPS: {:?}", r.capacity.iops, r.served);
@@ -222,7 +222,7 @@ mod tests {
 
     #[test]
     fn water_filling() {
-        let (clients, _) = reference();
+        let (clients, _) = reference_scenario();
         let (got, fits) = expected(&clients, 20_000.0);
         assert!(fits);
         assert_eq!(got, vec![6875.0, 11625.0, 1500.0]);

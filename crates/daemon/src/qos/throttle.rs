@@ -209,38 +209,40 @@ pub struct ThrottleConfig {
     pub iops_size: Option<u64>,
 }
 
-/// The three keys of one bucket as written: average, `-max`, `-max-length`.
-type Keys = (Option<u64>, Option<u64>, Option<u64>);
-
 impl ThrottleConfig {
-    fn keys(&self, kind: BucketKind) -> Keys {
+    /// The three keys of `kind`, to read or set.
+    fn slots(&mut self, kind: BucketKind) -> [&mut Option<u64>; 3] {
         match kind {
-            BucketKind::BpsTotal => (
-                self.bps_total,
-                self.bps_total_max,
-                self.bps_total_max_length,
-            ),
-            BucketKind::BpsRead => (self.bps_read, self.bps_read_max, self.bps_read_max_length),
-            BucketKind::BpsWrite => (
-                self.bps_write,
-                self.bps_write_max,
-                self.bps_write_max_length,
-            ),
-            BucketKind::IopsTotal => (
-                self.iops_total,
-                self.iops_total_max,
-                self.iops_total_max_length,
-            ),
-            BucketKind::IopsRead => (
-                self.iops_read,
-                self.iops_read_max,
-                self.iops_read_max_length,
-            ),
-            BucketKind::IopsWrite => (
-                self.iops_write,
-                self.iops_write_max,
-                self.iops_write_max_length,
-            ),
+            BucketKind::BpsTotal => [
+                &mut self.bps_total,
+                &mut self.bps_total_max,
+                &mut self.bps_total_max_length,
+            ],
+            BucketKind::BpsRead => [
+                &mut self.bps_read,
+                &mut self.bps_read_max,
+                &mut self.bps_read_max_length,
+            ],
+            BucketKind::BpsWrite => [
+                &mut self.bps_write,
+                &mut self.bps_write_max,
+                &mut self.bps_write_max_length,
+            ],
+            BucketKind::IopsTotal => [
+                &mut self.iops_total,
+                &mut self.iops_total_max,
+                &mut self.iops_total_max_length,
+            ],
+            BucketKind::IopsRead => [
+                &mut self.iops_read,
+                &mut self.iops_read_max,
+                &mut self.iops_read_max_length,
+            ],
+            BucketKind::IopsWrite => [
+                &mut self.iops_write,
+                &mut self.iops_write_max,
+                &mut self.iops_write_max_length,
+            ],
         }
     }
 
@@ -248,8 +250,9 @@ impl ThrottleConfig {
     /// resolves them; an error names the key as the user wrote it.
     pub fn validate(&self) -> Result<ThrottleLimits, LimitError> {
         let mut buckets = [BucketLimit::default(); 6];
+        let mut keys = self.clone();
         for kind in BucketKind::ALL {
-            let (avg, max, len) = self.keys(kind);
+            let [avg, max, len] = keys.slots(kind);
             buckets[kind.index()] = BucketLimit {
                 avg: avg.unwrap_or(0),
                 max: max.unwrap_or(0),
@@ -425,39 +428,8 @@ impl ThrottleLimits {
                 nz(b.max),
                 (b.max_length != 1).then_some(b.max_length),
             );
-            let slot = match kind {
-                BucketKind::BpsTotal => (
-                    &mut c.bps_total,
-                    &mut c.bps_total_max,
-                    &mut c.bps_total_max_length,
-                ),
-                BucketKind::BpsRead => (
-                    &mut c.bps_read,
-                    &mut c.bps_read_max,
-                    &mut c.bps_read_max_length,
-                ),
-                BucketKind::BpsWrite => (
-                    &mut c.bps_write,
-                    &mut c.bps_write_max,
-                    &mut c.bps_write_max_length,
-                ),
-                BucketKind::IopsTotal => (
-                    &mut c.iops_total,
-                    &mut c.iops_total_max,
-                    &mut c.iops_total_max_length,
-                ),
-                BucketKind::IopsRead => (
-                    &mut c.iops_read,
-                    &mut c.iops_read_max,
-                    &mut c.iops_read_max_length,
-                ),
-                BucketKind::IopsWrite => (
-                    &mut c.iops_write,
-                    &mut c.iops_write_max,
-                    &mut c.iops_write_max_length,
-                ),
-            };
-            (*slot.0, *slot.1, *slot.2) = keys;
+            let [avg, max, len] = c.slots(kind);
+            (*avg, *max, *len) = keys;
         }
         c.iops_size = nz(self.iops_size);
         c
