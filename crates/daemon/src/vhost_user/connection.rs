@@ -24,7 +24,7 @@ use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemoryBackend, GuestRegion
 use super::memory::{
     check_disjoint, check_region, seal_against_shrinking, vmm_va_to_gpa, AddrMapping, Sealing,
 };
-use super::{bench_track, ExportShared};
+use super::ExportShared;
 use crate::dirty_log::DirtyLog;
 use crate::inflight::{InflightLayout, InflightRegion};
 use crate::iothread::{
@@ -105,43 +105,13 @@ impl Connection {
     /// The dirty log queue `index` marks: the mapped log while the frontend
     /// acks VHOST_F_LOG_ALL (vhost-user "Dirty logging"), else None.
     fn queue_log(&self, index: u16) -> Option<QueueLog> {
-        let v = &self.vrings[index as usize];
-        if bench_track().dirty_log {
-            return self.log.as_ref().map(|log| QueueLog {
-                log: log.clone(),
-                used: Some(v.used),
-            });
-        }
         if self.acked_features & LOG_ALL == 0 {
             return None;
         }
         self.log.as_ref().map(|log| QueueLog {
             log: log.clone(),
-            used: v.log_used,
+            used: self.vrings[index as usize].log_used,
         })
-    }
-
-    /// `VQBLK_BENCH_TRACK` (benchmark only): gives a starting ring the
-    /// private inflight region and dirty log its frontend did not ask for.
-    fn bench_track(&mut self, index: u16) -> VhostResult<()> {
-        let track = bench_track();
-        let name = &self.export.device.name;
-        if track.inflight && self.inflight.is_none() {
-            let layout = InflightLayout::new(self.vrings.len() as u16, self.export.max_queue_size)
-                .map_err(|e| invalid(&e.to_string()))?;
-            let (region, _file) =
-                InflightRegion::create(layout).map_err(|e| invalid(&e.to_string()))?;
-            info!("{name}: VQBLK_BENCH_TRACK: private inflight region for vring {index}");
-            self.inflight = Some(region);
-        }
-        if track.dirty_log && self.log.is_none() {
-            let mem_end = self.mem.memory().last_addr().0.saturating_add(1);
-            let bytes = mem_end.div_ceil(4096).div_ceil(8).next_multiple_of(4096);
-            let log = DirtyLog::private(bytes as usize).map_err(|e| invalid(&e.to_string()))?;
-            info!("{name}: VQBLK_BENCH_TRACK: private dirty log of {bytes} bytes");
-            self.log = Some(Arc::new(log));
-        }
-        Ok(())
     }
 
     /// Tells the IOThreads of every running ring whether to log (and where),
@@ -290,7 +260,6 @@ impl Connection {
                 "vring {index}: addresses or size invalid for guest memory"
             )));
         }
-        self.bench_track(index)?;
         let inflight = self.attach_inflight(index, &mut queue, used_idx.0)?;
         let v = &mut self.vrings[index as usize];
         let kick = v
@@ -652,16 +621,13 @@ impl VhostUserBackendReqHandlerMut for Connection {
     }
 
     fn get_protocol_features(&mut self) -> VhostResult<VhostUserProtocolFeatures> {
-        let mut offered = VhostUserProtocolFeatures::MQ
+        Ok(VhostUserProtocolFeatures::MQ
             | VhostUserProtocolFeatures::REPLY_ACK
             | VhostUserProtocolFeatures::CONFIG
             | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
+            | VhostUserProtocolFeatures::INFLIGHT_SHMFD
             // Not PAGEFAULT: post-copy migration is not supported.
-            | VhostUserProtocolFeatures::LOG_SHMFD;
-        if super::offer_inflight() {
-            offered |= VhostUserProtocolFeatures::INFLIGHT_SHMFD;
-        }
-        Ok(offered)
+            | VhostUserProtocolFeatures::LOG_SHMFD)
     }
 
     fn set_protocol_features(&mut self, _features: u64) -> VhostResult<()> {
