@@ -10,6 +10,7 @@
 
 pub mod block;
 pub mod cli;
+pub(crate) mod clock;
 pub mod config;
 pub mod control;
 pub mod daemon;

@@ -61,8 +61,12 @@ impl UringEngine {
     }
 }
 
-impl Engine for UringEngine {
-    unsafe fn submit(&mut self, fd: RawFd, op: &IoOp, token: u64) -> io::Result<()> {
+impl UringEngine {
+    /// Queues `op` on the file `fd`; the completion carries `token`.
+    ///
+    /// # Safety
+    /// As [`Engines::submit`](super::Engines::submit).
+    pub unsafe fn submit(&mut self, fd: RawFd, op: &IoOp, token: u64) -> io::Result<()> {
         let fd = types::Fd(fd);
         let entry = match op.kind {
             IoKind::Read => opcode::Readv::new(fd, op.iov, op.iovcnt)
@@ -95,7 +99,9 @@ impl Engine for UringEngine {
             self.commit()?;
         }
     }
+}
 
+impl Engine for UringEngine {
     fn commit(&mut self) -> io::Result<()> {
         while self.queued > 0 {
             match self.ring.submit() {

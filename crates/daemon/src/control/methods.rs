@@ -267,7 +267,7 @@ impl Methods {
                     "backend": backend_name(c.backend),
                     "cache": format!("{:?}", c.cache).to_lowercase(),
                     "read-only": c.read_only,
-                    "size-bytes": e.device.disk.size,
+                    "size-bytes": e.device.disk.size(),
                     "num-queues": map.num_queues(),
                     "queue-size": c.queue_size,
                     "connected": e.connected.load(Ordering::Acquire),

@@ -19,7 +19,7 @@ use vmm_sys_util::eventfd::EventFd;
 use super::executor::{Executor, SlotId};
 use super::queue::{HandbackSample, Popped, QueueSlot, Queues, Release};
 use super::{Command, GuestMem, HandedOver, IoThreadSetup, QueueAttach, QueueKey};
-use crate::block::clock_ns;
+use crate::clock::clock_ns;
 use crate::poll::{PollMode, PollPolicy};
 use crate::stats::{IoThreadStats, HANDBACK_SAMPLE_EVERY};
 
