@@ -8,6 +8,7 @@
 //! - [`block`]: backends that execute block operations (io_uring, threads, null).
 //! - [`control`]: the JSON-RPC control socket (`vqblk ctl`, `vqblk top`).
 
+pub(crate) mod blkdev;
 pub mod block;
 pub mod cli;
 pub(crate) mod clock;

@@ -325,8 +325,8 @@ fn program(kind: ThreadKind, mismatch: SeccompAction) -> Result<BpfProgram, Secc
         ThreadKind::Control => vec![libc::FIONREAD],
         ThreadKind::Rpc => vec![
             libc::FIONREAD,
-            crate::block::blk::BLKGETSIZE64(),
-            crate::block::blk::BLKSSZGET(),
+            crate::blkdev::ioctl::BLKGETSIZE64(),
+            crate::blkdev::ioctl::BLKSSZGET(),
         ],
         _ => vec![],
     };

@@ -19,6 +19,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+pub use crate::blkdev::{blkdev_logical_block_size, blkdev_size};
 pub use null::NullEngine;
 pub use threads::PoolEngine;
 pub use transfer::{IoError, Next, Transfer};
@@ -286,36 +287,6 @@ impl Disk {
     }
 }
 
-/// Block device ioctls of linux/fs.h, numbered by vmm-sys-util's macros.
-pub(crate) mod blk {
-    #![allow(missing_docs)] // the macros generate one `pub fn NAME() -> c_ulong` each
-    vmm_sys_util::ioctl_ior_nr!(BLKGETSIZE64, 0x12, 114, u64);
-    vmm_sys_util::ioctl_io_nr!(BLKSSZGET, 0x12, 104);
-}
-
-/// The size in bytes of an open block device (`BLKGETSIZE64`).
-pub fn blkdev_size(f: &File) -> io::Result<u64> {
-    let mut size: u64 = 0;
-    // SAFETY: BLKGETSIZE64 writes one u64 through its argument, which is a
-    // live, exclusively borrowed u64; `f` is an open file (a non-device fails
-    // with ENOTTY, reported as an error).
-    let r = unsafe { vmm_sys_util::ioctl::ioctl_with_mut_ref(f, blk::BLKGETSIZE64(), &mut size) };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(size)
-}
-
-/// The logical block size of an open block device (`BLKSSZGET`), if it says one of at
-/// least 512 bytes.
-pub fn blkdev_logical_block_size(f: &File) -> Option<u32> {
-    let mut lbs: libc::c_int = 0;
-    // SAFETY: BLKSSZGET writes one int through its argument, which is a live,
-    // exclusively borrowed c_int; `f` is an open file.
-    let r = unsafe { vmm_sys_util::ioctl::ioctl_with_mut_ref(f, blk::BLKSSZGET(), &mut lbs) };
-    (r == 0 && lbs >= 512).then_some(lbs as u32)
-}
-
 /// The kind of a block operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IoKind {
@@ -572,13 +543,6 @@ impl Engines {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ioctl_numbers_match_linux_fs_h() {
-        // The values the kernel headers give on 64-bit Linux.
-        assert_eq!(blk::BLKGETSIZE64(), 0x8008_1272);
-        assert_eq!(blk::BLKSSZGET(), 0x1268);
-    }
 
     #[test]
     fn missing_image_is_an_error_unless_created() {
