@@ -548,9 +548,9 @@ fn misaligned_indirect_table() {
     });
 }
 
-/// A head index beyond the queue size is an impossible ring state (defect
-/// 11.4: it used to vanish without a trace): the ring is stopped, counted and
-/// logged, like any broken ring; a valid request after it is not served on
+/// A head index beyond the queue size is an impossible ring state, and must
+/// not vanish without a trace: the ring is stopped, counted and logged, like
+/// any broken ring; a valid request after it is not served on
 /// that ring (the frontend must set the ring up again), and the three checks
 /// hold.
 #[test]

@@ -698,8 +698,7 @@ mod tests {
 
     /// Rust's std, in debug builds, asks F_GETFD of every fd an `OwnedFd`
     /// closes: an IOThread dropping a detached queue's eventfds must not be
-    /// stopped by its filter for that (the rbd test did, at 1aea53b). Other
-    /// fcntl commands stay refused.
+    /// stopped by its filter for that. Other fcntl commands stay refused.
     #[test]
     fn iothreads_and_workers_may_fcntl_getfd_only() {
         for kind in [ThreadKind::IoThread, ThreadKind::Worker] {
