@@ -432,9 +432,9 @@ pub fn probe(mode: SeccompMode) -> Result<(), SeccompError> {
 /// glibc's malloc gives each new thread an arena; when their number first
 /// passes 8 it sizes its arena limit from the number of online CPUs, which it
 /// reads from `/sys/devices/system/cpu/online`. If a filtered thread is the one
-/// that crosses the line (the metrics server's threads made it likely), its
-/// `openat` is refused ([`REFUSED_QUIETLY`]; before that existed it stopped
-/// the process) and glibc would size the limit without the file. Setting the
+/// that crosses the line (the metrics server's threads make it likely), its
+/// `openat` is refused ([`REFUSED_QUIETLY`]) and glibc would size the limit
+/// without the file. Setting the
 /// limit up front, to the value glibc would compute (8 per online CPU), keeps
 /// malloc's behaviour and takes the file read out of filtered threads. An
 /// operator's own `MALLOC_ARENA_MAX` or tunable wins.
