@@ -98,7 +98,12 @@ pub enum BlockError {
 }
 
 /// An opened export target: one backend, with what its engine needs.
+///
+/// An explicit tag (`repr(u8)`): every request asks the disk for its
+/// backend, alignment and read-only state, and matching a tag byte is
+/// cheaper than decoding a variant from a niche in the fields.
 #[derive(Debug)]
+#[repr(u8)]
 pub enum Disk {
     /// A raw image file or block device.
     File(FileDisk),
