@@ -15,7 +15,8 @@
 //! The dirty log is what makes this work: a page the daemon writes and does
 //! not mark reaches the destination stale (above all the used ring, which the
 //! guest never writes itself). A daemon built with `DirtyLog::mark` returning
-//! at once (`vqblk_daemon::dirty_log`) must make this test fail.
+//! at once (`vqblk_daemon::dirty_log`) must make the io_uring cases fail; the
+//! null case cannot show a missing mark (docs/migration.md says why).
 //!
 //! Like tests/guest_e2e.rs these tests never skip, run one at a time, and
 //! leave their artefacts under `target/tmp/mig-*-PID/` when they fail.
