@@ -1,4 +1,4 @@
-//! Live migration end to end (issue 17): a Linux guest (QEMU, TCG) on a vqblk
+//! Live migration end to end: a Linux guest (QEMU, TCG) on a vqblk
 //! disk moves to a second QEMU process while it writes, reads back and
 //! compares 4 KiB blocks with O_DIRECT (guest-init.sh `vqblk.mode=migrate`),
 //! so the daemon keeps writing guest memory (read data, status bytes, used
@@ -14,9 +14,9 @@
 //!
 //! The dirty log is what makes this work: a page the daemon writes and does
 //! not mark reaches the destination stale (above all the used ring, which the
-//! guest never writes itself). Running this test with
-//! `VQBLK_TEST_NO_DIRTY_LOG=1` (the daemons inherit it; a test-only switch,
-//! see `vqblk_daemon::dirty_log`) must make it fail.
+//! guest never writes itself). A daemon built with `DirtyLog::mark` returning
+//! at once (`vqblk_daemon::dirty_log`) must make the io_uring cases fail; the
+//! null case cannot show a missing mark (docs/migration.md says why).
 //!
 //! Like tests/guest_e2e.rs these tests never skip, run one at a time, and
 //! leave their artefacts under `target/tmp/mig-*-PID/` when they fail.

@@ -14,11 +14,7 @@ use std::path::{Path, PathBuf};
 /// Imports that break the map today and are being removed. Each entry is
 /// (importing module, imported module); the test fails when one no longer
 /// occurs, so that the entry is deleted with the import.
-const BEING_REMOVED: &[(&str, &str)] = &[
-    // seccomp names block's size ioctls in the control threads' filters,
-    // while block's workers install seccomp filters: a circle.
-    ("seccomp", "block"),
-];
+const BEING_REMOVED: &[(&str, &str)] = &[];
 
 /// One row of the module map.
 #[derive(Debug)]

@@ -17,7 +17,7 @@ use std::thread::JoinHandle;
 use log::{error, info, warn};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use crate::block::{Backend, BlockError, Disk};
+use crate::block::{BlockError, Disk, FileEngine};
 use crate::config::{
     parse_cpuset, BackendKind, CacheMode, ConfigError, ExportConfig, ExportPlan, ServeConfig,
 };
@@ -243,8 +243,8 @@ impl DaemonState {
         let c = &plan.config;
         let queue_size = c.queue_size;
         let geometry = BlkGeometry {
-            capacity_sectors: disk.size / SECTOR_SIZE,
-            blk_size: disk.logical_block_size,
+            capacity_sectors: disk.size() / SECTOR_SIZE,
+            blk_size: disk.logical_block_size(),
             physical_block_exp: 0,
             size_max: SIZE_MAX,
             seg_max: queue_size.min(1024) as u32 - 2,
@@ -253,11 +253,11 @@ impl DaemonState {
             max_write_zeroes_sectors: MAX_ZERO_SECTORS,
             write_zeroes_may_unmap: true,
             // The disk's, not the setting's: an RBD snapshot is read-only.
-            read_only: disk.read_only,
+            read_only: disk.read_only(),
         };
         let limits = geometry.limits();
         let serial = c.serial.as_deref().unwrap_or(&plan.name);
-        let (size, read_only) = (disk.size, disk.read_only);
+        let (size, read_only) = (disk.size(), disk.read_only());
         let device = Arc::new(BlockDevice::new(plan.name.clone(), disk, limits, serial));
         let shared = Arc::new(ExportShared {
             index,
@@ -339,8 +339,8 @@ fn open_rbd(c: &ExportConfig) -> Result<Disk, BlockError> {
     let disk = Disk::open_rbd(&spec, &client, c.read_only)?;
     info!(
         "{spec}: {} bytes{}",
-        disk.size,
-        if disk.read_only { ", read-only" } else { "" }
+        disk.size(),
+        if disk.read_only() { ", read-only" } else { "" }
     );
     Ok(disk)
 }
@@ -359,9 +359,9 @@ fn open_disk(p: &ExportPlan) -> Result<Disk, DaemonError> {
         kind => Disk::open(
             c.image.as_deref().unwrap(),
             if kind == BackendKind::Threads {
-                Backend::Threads
+                FileEngine::Threads
             } else {
-                Backend::IoUring
+                FileEngine::IoUring
             },
             c.cache == CacheMode::None,
             c.read_only,

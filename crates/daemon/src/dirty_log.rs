@@ -18,7 +18,6 @@
 
 use std::fs::File;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::OnceLock;
 
 use log::error;
 use vm_memory::mmap::MmapRegion;
@@ -27,24 +26,6 @@ use vm_memory::FileOffset;
 /// Bytes of guest memory one bit of the log stands for (vhost-user spec:
 /// `VHOST_LOG_PAGE`).
 pub const LOG_PAGE: u64 = 4096;
-
-/// Test-only switch: with `VQBLK_TEST_NO_DIRTY_LOG=1` in the daemon's
-/// environment (read once, at the first log mapped), the daemon still offers
-/// and accepts dirty logging but marks nothing. It exists so that the
-/// migration test can prove it catches a missing mark; never set it in
-/// production (a migrated guest would see stale memory).
-pub const NO_DIRTY_LOG_ENV: &str = "VQBLK_TEST_NO_DIRTY_LOG";
-
-fn marking_disabled_for_tests() -> bool {
-    static DISABLED: OnceLock<bool> = OnceLock::new();
-    *DISABLED.get_or_init(|| {
-        let off = std::env::var_os(NO_DIRTY_LOG_ENV).is_some_and(|v| v == "1");
-        if off {
-            error!("{NO_DIRTY_LOG_ENV}=1: dirty logging marks nothing (test only: migrations will corrupt guests)");
-        }
-        off
-    })
-}
 
 /// Why a `SET_LOG_BASE` was refused.
 #[derive(Debug, thiserror::Error)]
@@ -142,8 +123,6 @@ pub struct DirtyLog {
     map: MmapRegion<()>,
     /// Pages the log covers (8 per byte).
     pages: u64,
-    /// The test-only switch was set: marks are no-ops.
-    noop: bool,
     /// A mark beyond the log was dropped (reported once).
     told_beyond: AtomicBool,
 }
@@ -152,7 +131,6 @@ impl std::fmt::Debug for DirtyLog {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DirtyLog")
             .field("pages", &self.pages)
-            .field("noop", &self.noop)
             .finish()
     }
 }
@@ -186,26 +164,14 @@ impl DirtyLog {
         DirtyLog {
             pages: (map.size() as u64).saturating_mul(8),
             map,
-            noop: marking_disabled_for_tests(),
             told_beyond: AtomicBool::new(false),
         }
-    }
-
-    /// A private anonymous log of `bytes` bytes that no frontend reads: what
-    /// `VQBLK_BENCH_TRACK=dirty-log` marks to measure the cost of marking.
-    pub(crate) fn private(bytes: usize) -> Result<DirtyLog, LogError> {
-        MmapRegion::new(bytes)
-            .map(DirtyLog::over)
-            .map_err(LogError::Map)
     }
 
     /// An anonymous log of `bytes` bytes, for tests.
     #[cfg(test)]
     pub(crate) fn anonymous(bytes: usize) -> DirtyLog {
-        DirtyLog {
-            noop: false,
-            ..DirtyLog::over(MmapRegion::new(bytes).unwrap())
-        }
+        DirtyLog::over(MmapRegion::new(bytes).unwrap())
     }
 
     /// Pages the log covers.
@@ -226,7 +192,7 @@ impl DirtyLog {
     /// Marks the pages of guest addresses `[gpa, gpa + len)` dirty. `len` 0
     /// marks nothing; pages beyond the log are dropped (and reported once).
     pub fn mark(&self, gpa: u64, len: u64) {
-        if len == 0 || self.noop {
+        if len == 0 {
             return;
         }
         let first = gpa / LOG_PAGE;

@@ -9,8 +9,10 @@
 //! - [`control`]: the JSON-RPC control socket (`vqblk ctl`, `vqblk top`).
 //! - [`qos`]: I/O limits, throttle groups, reservations and weights (pure).
 
+pub(crate) mod blkdev;
 pub mod block;
 pub mod cli;
+pub(crate) mod clock;
 pub mod config;
 pub mod control;
 pub mod daemon;

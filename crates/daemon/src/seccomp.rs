@@ -327,8 +327,8 @@ fn program(kind: ThreadKind, mismatch: SeccompAction) -> Result<BpfProgram, Secc
         ThreadKind::Control => vec![libc::FIONREAD],
         ThreadKind::Rpc => vec![
             libc::FIONREAD,
-            crate::block::blk::BLKGETSIZE64(),
-            crate::block::blk::BLKSSZGET(),
+            crate::blkdev::ioctl::BLKGETSIZE64(),
+            crate::blkdev::ioctl::BLKSSZGET(),
         ],
         _ => vec![],
     };
@@ -434,9 +434,9 @@ pub fn probe(mode: SeccompMode) -> Result<(), SeccompError> {
 /// glibc's malloc gives each new thread an arena; when their number first
 /// passes 8 it sizes its arena limit from the number of online CPUs, which it
 /// reads from `/sys/devices/system/cpu/online`. If a filtered thread is the one
-/// that crosses the line (the metrics server's threads made it likely), its
-/// `openat` is refused ([`REFUSED_QUIETLY`]; before that existed it stopped
-/// the process) and glibc would size the limit without the file. Setting the
+/// that crosses the line (the metrics server's threads make it likely), its
+/// `openat` is refused ([`REFUSED_QUIETLY`]) and glibc would size the limit
+/// without the file. Setting the
 /// limit up front, to the value glibc would compute (8 per online CPU), keeps
 /// malloc's behaviour and takes the file read out of filtered threads. An
 /// operator's own `MALLOC_ARENA_MAX` or tunable wins.
@@ -752,8 +752,7 @@ mod tests {
 
     /// Rust's std, in debug builds, asks F_GETFD of every fd an `OwnedFd`
     /// closes: an IOThread dropping a detached queue's eventfds must not be
-    /// stopped by its filter for that (the rbd test did, at 1aea53b). Other
-    /// fcntl commands stay refused.
+    /// stopped by its filter for that. Other fcntl commands stay refused.
     #[test]
     fn iothreads_and_workers_may_fcntl_getfd_only() {
         for kind in [ThreadKind::IoThread, ThreadKind::Worker] {

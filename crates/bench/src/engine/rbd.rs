@@ -160,7 +160,7 @@ impl Engine for RbdBenchEngine {
         };
         // SAFETY: the iovec (in `self.iov`, not resized) and the slot's buffer
         // stay valid and untouched until this slot's completion is reaped.
-        if let Err(e) = unsafe { self.engine.submit(-1, &op, slot as u64) } {
+        if let Err(e) = unsafe { self.engine.submit(&op, slot as u64) } {
             self.slots.give_back(slot);
             return Err(EngineError::os(&self.target, "rbd_aio submit", e));
         }

@@ -18,14 +18,26 @@ use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
+pub use crate::blkdev::{blkdev_logical_block_size, blkdev_size};
 pub use null::NullEngine;
 pub use threads::PoolEngine;
 pub use transfer::{IoError, Next, Transfer};
 pub use uring::UringEngine;
 
-/// Which engine runs a disk's operations, with that engine's parameters.
+/// Which engine runs a file disk's operations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileEngine {
+    /// The IOThread's io_uring.
+    IoUring,
+    /// A pool of blocking worker threads per IOThread.
+    Threads,
+}
+
+/// Where a disk's operations go: the engine that runs them, with what that
+/// engine needs to reach the disk. Copied into every in-flight operation; it
+/// stays valid while the [`Disk`] it came from is open (a queue's requests
+/// are drained before its device goes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
     /// No image: reads return zeroes, writes are dropped.
@@ -33,10 +45,16 @@ pub enum Backend {
         /// Completion latency in ns (0: at once), as QEMU's null-co `latency-ns`.
         latency_ns: u64,
     },
-    /// The IOThread's io_uring.
-    IoUring,
-    /// A pool of blocking worker threads per IOThread.
-    Threads,
+    /// The IOThread's io_uring, on the file `fd`.
+    IoUring {
+        /// The open image of a [`FileDisk`].
+        fd: RawFd,
+    },
+    /// A pool of blocking worker threads per IOThread, on the file `fd`.
+    Threads {
+        /// The open image of a [`FileDisk`].
+        fd: RawFd,
+    },
     /// An RBD image on a Ceph cluster, through librbd's asynchronous API.
     Rbd(rbd::ImageRef),
 }
@@ -47,7 +65,8 @@ pub enum BlockError {
     /// The image does not exist and creating it was not asked for.
     #[error("image {0} does not exist (pass --create SIZE to create a new sparse image)")]
     Missing(PathBuf),
-    /// The image exists and `--create` was given with another size.
+    /// The image could not be opened, or its metadata or (block device)
+    /// size could not be read.
     #[error("cannot open image {path}: {source}")]
     Open {
         /// The image path.
@@ -78,40 +97,55 @@ pub enum BlockError {
     },
 }
 
-/// An opened export target: what the backends need to execute operations.
+/// An opened export target: one backend, with what its engine needs.
+///
+/// An explicit tag (`repr(u8)`): every request asks the disk for its
+/// backend, alignment and read-only state, and matching a tag byte is
+/// cheaper than decoding a variant from a niche in the fields.
 #[derive(Debug)]
-pub struct Disk {
-    /// The open image (None for the null backend).
-    pub file: Option<File>,
-    /// Which engine runs this disk's operations.
-    pub backend: Backend,
+#[repr(u8)]
+pub enum Disk {
+    /// A raw image file or block device.
+    File(FileDisk),
+    /// No image: reads return zeroes, writes are dropped.
+    Null {
+        /// Size in bytes (a multiple of 512).
+        size: u64,
+        /// Completion latency in ns (0: at once), as QEMU's null-co `latency-ns`.
+        latency_ns: u64,
+        /// Export is read-only.
+        read_only: bool,
+    },
+    /// An open RBD image (its size and read-only state are the image's).
+    Rbd(rbd::RbdImage),
+}
+
+/// An open raw image file or block device.
+#[derive(Debug)]
+pub struct FileDisk {
+    /// The open image.
+    pub file: File,
+    /// Which engine runs its operations.
+    pub engine: FileEngine,
     /// Size in bytes (a multiple of 512).
     pub size: u64,
-    /// Opened with O_DIRECT: buffers must be aligned to `align`.
-    pub direct: bool,
-    /// Buffer and length alignment O_DIRECT requires.
-    pub align: usize,
+    /// Opened with O_DIRECT: the alignment its buffers and lengths need
+    /// (None: through the host page cache).
+    pub direct_align: Option<usize>,
     /// Logical block size to advertise.
     pub logical_block_size: u32,
-    /// Export is read-only.
+    /// Opened read-only.
     pub read_only: bool,
-    /// The open RBD image (rbd backend only); `backend` refers to it.
-    pub rbd: Option<Arc<rbd::RbdImage>>,
 }
 
 impl Disk {
     /// A null disk of `size` bytes whose requests complete `latency_ns` after
     /// submission.
     pub fn null(size: u64, read_only: bool, latency_ns: u64) -> Disk {
-        Disk {
-            file: None,
-            backend: Backend::Null { latency_ns },
+        Disk::Null {
             size: size / 512 * 512,
-            direct: false,
-            align: 1,
-            logical_block_size: 512,
+            latency_ns,
             read_only,
-            rbd: None,
         }
     }
 
@@ -126,23 +160,14 @@ impl Disk {
         if image.size < 512 {
             return Err(BlockError::TooSmall(PathBuf::from(spec.to_string())));
         }
-        Ok(Disk {
-            file: None,
-            backend: Backend::Rbd(image.handle()),
-            size: image.size / 512 * 512,
-            direct: false,
-            align: 1,
-            logical_block_size: 512,
-            read_only: image.read_only,
-            rbd: Some(Arc::new(image)),
-        })
+        Ok(Disk::Rbd(image))
     }
 
     /// Opens (or, with `create`, creates) a raw image or block device, with
     /// O_DIRECT if `direct` (the host page cache bypassed: cache=none).
     pub fn open(
         path: &Path,
-        backend: Backend,
+        engine: FileEngine,
         direct: bool,
         read_only: bool,
         create: Option<u64>,
@@ -193,67 +218,78 @@ impl Disk {
         if size < 512 {
             return Err(BlockError::TooSmall(path.to_path_buf()));
         }
-        Ok(Disk {
-            file: Some(file),
-            backend,
+        Ok(Disk::File(FileDisk {
+            file,
+            engine,
             size: size / 512 * 512,
-            direct,
-            align: if direct { lbs as usize } else { 1 },
+            direct_align: direct.then_some(lbs as usize),
             logical_block_size: lbs,
             read_only,
-            rbd: None,
-        })
+        }))
     }
 
-    /// The raw fd of the image (-1 for null).
-    pub fn fd(&self) -> RawFd {
-        self.file.as_ref().map_or(-1, |f| f.as_raw_fd())
+    /// Size in bytes (a multiple of 512).
+    pub fn size(&self) -> u64 {
+        match self {
+            Disk::File(f) => f.size,
+            Disk::Null { size, .. } => *size,
+            Disk::Rbd(image) => image.size / 512 * 512,
+        }
+    }
+
+    /// Whether the export is read-only (asked for, or an RBD snapshot).
+    pub fn read_only(&self) -> bool {
+        match self {
+            Disk::File(f) => f.read_only,
+            Disk::Null { read_only, .. } => *read_only,
+            Disk::Rbd(image) => image.read_only,
+        }
+    }
+
+    /// Logical block size to advertise (a block device's own, else 512).
+    pub fn logical_block_size(&self) -> u32 {
+        match self {
+            Disk::File(f) => f.logical_block_size,
+            Disk::Null { .. } | Disk::Rbd(_) => 512,
+        }
+    }
+
+    /// The alignment O_DIRECT needs of buffers and lengths (None: any).
+    pub fn direct_align(&self) -> Option<usize> {
+        match self {
+            Disk::File(f) => f.direct_align,
+            Disk::Null { .. } | Disk::Rbd(_) => None,
+        }
+    }
+
+    /// Where this disk's operations go.
+    pub fn backend(&self) -> Backend {
+        match self {
+            Disk::File(f) => {
+                let fd = f.file.as_raw_fd();
+                match f.engine {
+                    FileEngine::IoUring => Backend::IoUring { fd },
+                    FileEngine::Threads => Backend::Threads { fd },
+                }
+            }
+            Disk::Null { latency_ns, .. } => Backend::Null {
+                latency_ns: *latency_ns,
+            },
+            Disk::Rbd(image) => Backend::Rbd(image.handle()),
+        }
     }
 
     /// Makes all completed writes durable (used at shutdown).
     pub fn sync(&self) -> io::Result<()> {
-        if let Some(image) = &self.rbd {
-            return if self.read_only {
-                Ok(())
-            } else {
-                image.flush()
-            };
+        if self.read_only() {
+            return Ok(());
         }
-        match &self.file {
-            Some(f) if !self.read_only => f.sync_data(),
-            _ => Ok(()),
+        match self {
+            Disk::File(f) => f.file.sync_data(),
+            Disk::Null { .. } => Ok(()),
+            Disk::Rbd(image) => image.flush(),
         }
     }
-}
-
-/// Block device ioctls of linux/fs.h, numbered by vmm-sys-util's macros.
-pub(crate) mod blk {
-    #![allow(missing_docs)] // the macros generate one `pub fn NAME() -> c_ulong` each
-    vmm_sys_util::ioctl_ior_nr!(BLKGETSIZE64, 0x12, 114, u64);
-    vmm_sys_util::ioctl_io_nr!(BLKSSZGET, 0x12, 104);
-}
-
-/// The size in bytes of an open block device (`BLKGETSIZE64`).
-pub fn blkdev_size(f: &File) -> io::Result<u64> {
-    let mut size: u64 = 0;
-    // SAFETY: BLKGETSIZE64 writes one u64 through its argument, which is a
-    // live, exclusively borrowed u64; `f` is an open file (a non-device fails
-    // with ENOTTY, reported as an error).
-    let r = unsafe { vmm_sys_util::ioctl::ioctl_with_mut_ref(f, blk::BLKGETSIZE64(), &mut size) };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(size)
-}
-
-/// The logical block size of an open block device (`BLKSSZGET`), if it says one of at
-/// least 512 bytes.
-pub fn blkdev_logical_block_size(f: &File) -> Option<u32> {
-    let mut lbs: libc::c_int = 0;
-    // SAFETY: BLKSSZGET writes one int through its argument, which is a live,
-    // exclusively borrowed c_int; `f` is an open file.
-    let r = unsafe { vmm_sys_util::ioctl::ioctl_with_mut_ref(f, blk::BLKSSZGET(), &mut lbs) };
-    (r == 0 && lbs >= 512).then_some(lbs as u32)
 }
 
 /// The kind of a block operation.
@@ -301,14 +337,11 @@ pub struct Completion {
     pub result: i32,
 }
 
-/// A request engine of one IOThread.
+/// A request engine of one IOThread. Each engine queues operations with its
+/// own `submit`, whose arguments say how it reaches a disk (a file engine
+/// takes the file's fd, the null and RBD engines none); [`Engines::submit`]
+/// picks the engine and those arguments from a [`Backend`].
 pub trait Engine {
-    /// Queues `op` on `fd`; the completion carries `token`. May submit at once.
-    ///
-    /// # Safety
-    /// `op.iov` must point to `op.iovcnt` iovecs that, with the buffers they
-    /// describe, stay valid and unmoved until this token's completion is reaped.
-    unsafe fn submit(&mut self, fd: RawFd, op: &IoOp, token: u64) -> io::Result<()>;
     /// Hands queued operations to the kernel or the workers.
     fn commit(&mut self) -> io::Result<()>;
     /// Appends finished operations to `out`.
@@ -323,7 +356,7 @@ pub trait Engine {
 /// Runs one operation synchronously with plain syscalls: the `threads` backend.
 ///
 /// # Safety
-/// Same contract as [`Engine::submit`].
+/// Same contract as [`Engines::submit`].
 pub unsafe fn execute_sync(fd: RawFd, op: &IoOp) -> i32 {
     let r: libc::ssize_t = match op.kind {
         // SAFETY: the caller guarantees the iovecs and their buffers are valid.
@@ -358,18 +391,6 @@ pub fn fallocate_mode(op: &IoOp) -> i32 {
     }
 }
 
-/// The time of `clock` (CLOCK_MONOTONIC, CLOCK_THREAD_CPUTIME_ID...) in ns.
-pub fn clock_ns(clock: libc::clockid_t) -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a live, writable timespec; an invalid clock id only
-    // makes the call fail (leaving 0).
-    unsafe { libc::clock_gettime(clock, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
 /// The engines of one IOThread, created on first use: one io_uring, one
 /// worker pool, and one null engine per null latency.
 #[derive(Default)]
@@ -398,50 +419,82 @@ impl Engines {
         }
     }
 
-    /// The engine for `backend`, created if needed (`name` names pool workers).
-    pub fn get(&mut self, backend: Backend, name: &str) -> io::Result<&mut dyn Engine> {
-        Ok(match backend {
-            Backend::Null { latency_ns } => {
-                let i = match self.nulls.iter().position(|(l, _)| *l == latency_ns) {
-                    Some(i) => i,
-                    None => {
-                        let e = NullEngine::new(latency_ns)?;
-                        self.new_fds.extend(e.notify_fd());
-                        self.nulls.push((latency_ns, e));
-                        self.nulls.len() - 1
-                    }
-                };
-                &mut self.nulls[i].1
+    /// Queues `op` on `backend`'s engine (created on first use; `name` names
+    /// pool workers); the completion carries `token`. May submit at once.
+    ///
+    /// # Safety
+    /// `op.iov` must point to `op.iovcnt` iovecs that, with the buffers they
+    /// describe, stay valid and unmoved until this token's completion is
+    /// reaped; `backend`'s disk stays open until then.
+    pub unsafe fn submit(
+        &mut self,
+        backend: Backend,
+        name: &str,
+        op: &IoOp,
+        token: u64,
+    ) -> io::Result<()> {
+        // SAFETY: each engine's `submit` has this function's contract, which
+        // the caller upholds.
+        unsafe {
+            match backend {
+                Backend::Null { latency_ns } => self.null(latency_ns)?.submit(op, token),
+                Backend::IoUring { fd } => self.uring()?.submit(fd, op, token),
+                Backend::Threads { fd } => self.pool(name)?.submit(fd, op, token),
+                Backend::Rbd(image) => self.rbd(image)?.submit(op, token),
             }
-            Backend::IoUring => match &mut self.uring {
-                Some(u) => u,
-                u @ None => {
-                    let e = UringEngine::new(256)?;
-                    self.new_fds.extend(e.notify_fd());
-                    u.insert(e)
-                }
-            },
-            Backend::Rbd(image) => {
-                let i = match self.rbds.iter().position(|(r, _)| *r == image) {
-                    Some(i) => i,
-                    None => {
-                        let e = rbd::RbdEngine::new(image)?;
-                        self.new_fds.extend(e.notify_fd());
-                        self.rbds.push((image, e));
-                        self.rbds.len() - 1
-                    }
-                };
-                &mut self.rbds[i].1
+        }
+    }
+
+    /// The null engine of `latency_ns`, created if needed.
+    fn null(&mut self, latency_ns: u64) -> io::Result<&mut NullEngine> {
+        let i = match self.nulls.iter().position(|(l, _)| *l == latency_ns) {
+            Some(i) => i,
+            None => {
+                let e = NullEngine::new(latency_ns)?;
+                self.new_fds.extend(e.notify_fd());
+                self.nulls.push((latency_ns, e));
+                self.nulls.len() - 1
             }
-            Backend::Threads => match &mut self.pool {
-                Some(p) => p,
-                p @ None => {
-                    let e = PoolEngine::new(name, 4, self.seccomp)?;
-                    self.new_fds.extend(e.notify_fd());
-                    p.insert(e)
-                }
-            },
+        };
+        Ok(&mut self.nulls[i].1)
+    }
+
+    /// The io_uring, created if needed.
+    fn uring(&mut self) -> io::Result<&mut UringEngine> {
+        Ok(match &mut self.uring {
+            Some(u) => u,
+            u @ None => {
+                let e = UringEngine::new(256)?;
+                self.new_fds.extend(e.notify_fd());
+                u.insert(e)
+            }
         })
+    }
+
+    /// The worker pool (its threads named after `name`), created if needed.
+    fn pool(&mut self, name: &str) -> io::Result<&mut PoolEngine> {
+        Ok(match &mut self.pool {
+            Some(p) => p,
+            p @ None => {
+                let e = PoolEngine::new(name, 4, self.seccomp)?;
+                self.new_fds.extend(e.notify_fd());
+                p.insert(e)
+            }
+        })
+    }
+
+    /// The RBD engine of `image`, created if needed.
+    fn rbd(&mut self, image: rbd::ImageRef) -> io::Result<&mut rbd::RbdEngine> {
+        let i = match self.rbds.iter().position(|(r, _)| *r == image) {
+            Some(i) => i,
+            None => {
+                let e = rbd::RbdEngine::new(image)?;
+                self.new_fds.extend(e.notify_fd());
+                self.rbds.push((image, e));
+                self.rbds.len() - 1
+            }
+        };
+        Ok(&mut self.rbds[i].1)
     }
 
     /// Moves the completion eventfds of engines created since the last call
@@ -497,28 +550,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ioctl_numbers_match_linux_fs_h() {
-        // The values the kernel headers give on 64-bit Linux.
-        assert_eq!(blk::BLKGETSIZE64(), 0x8008_1272);
-        assert_eq!(blk::BLKSSZGET(), 0x1268);
-    }
-
-    #[test]
     fn missing_image_is_an_error_unless_created() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("d.raw");
-        let e = Disk::open(&p, Backend::IoUring, false, false, None).unwrap_err();
+        let e = Disk::open(&p, FileEngine::IoUring, false, false, None).unwrap_err();
         assert!(e.to_string().contains("does not exist"), "{e}");
         assert!(!p.exists());
-        let d = Disk::open(&p, Backend::IoUring, false, false, Some(1 << 20)).unwrap();
-        assert_eq!(d.size, 1 << 20);
-        assert!(!d.direct);
+        let d = Disk::open(&p, FileEngine::IoUring, false, false, Some(1 << 20)).unwrap();
+        assert_eq!(d.size(), 1 << 20);
+        assert_eq!(d.direct_align(), None);
     }
 
     /// The same operations through every engine give the same file contents.
     #[test]
     fn engines_read_write_zero() {
-        for kind in [Backend::IoUring, Backend::Threads] {
+        for kind in [FileEngine::IoUring, FileEngine::Threads] {
             let dir = tempfile::tempdir().unwrap();
             let p = dir.path().join("d.raw");
             let disk = Disk::open(&p, kind, false, false, Some(1 << 20)).unwrap();
@@ -529,10 +575,10 @@ mod tests {
                 iov_len: buf.len(),
             };
             let run = |engines: &mut Engines, op: IoOp| -> i32 {
-                let e = engines.get(kind, "t").unwrap();
-                // SAFETY: `iov` and `buf` outlive the completion, which is awaited below.
-                unsafe { e.submit(disk.fd(), &op, 7).unwrap() };
-                e.commit().unwrap();
+                // SAFETY: `iov`, `buf` and `disk` outlive the completion,
+                // which is awaited below.
+                unsafe { engines.submit(disk.backend(), "t", &op, 7).unwrap() };
+                engines.commit().unwrap();
                 let mut out = Vec::new();
                 for _ in 0..1000 {
                     engines.reap(&mut out);

@@ -10,7 +10,8 @@ use std::collections::BinaryHeap;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
-use super::{clock_ns, Completion, Engine, IoKind, IoOp};
+use super::{Completion, Engine, IoKind, IoOp};
+use crate::clock::clock_ns;
 
 /// Completes operations in the submitting IOThread, at once or when due.
 #[derive(Default)]
@@ -85,8 +86,12 @@ impl NullEngine {
     }
 }
 
-impl Engine for NullEngine {
-    unsafe fn submit(&mut self, _fd: RawFd, op: &IoOp, token: u64) -> io::Result<()> {
+impl NullEngine {
+    /// Queues `op`; the completion carries `token`.
+    ///
+    /// # Safety
+    /// As [`Engines::submit`](super::Engines::submit).
+    pub unsafe fn submit(&mut self, op: &IoOp, token: u64) -> io::Result<()> {
         if op.kind == IoKind::Read {
             for i in 0..op.iovcnt as usize {
                 // SAFETY: the caller guarantees `op.iov` holds `iovcnt` valid
@@ -110,7 +115,9 @@ impl Engine for NullEngine {
         }
         Ok(())
     }
+}
 
+impl Engine for NullEngine {
     fn commit(&mut self) -> io::Result<()> {
         self.rearm();
         Ok(())
@@ -166,7 +173,7 @@ mod tests {
         let mut e = NullEngine::new(0).unwrap();
         assert_eq!(e.notify_fd(), None);
         // SAFETY: a discard has no buffers.
-        unsafe { e.submit(-1, &op(), 7).unwrap() };
+        unsafe { e.submit(&op(), 7).unwrap() };
         assert!(e.has_completions());
         let mut out = Vec::new();
         e.reap(&mut out);
@@ -186,10 +193,10 @@ mod tests {
         let fd = e.notify_fd().unwrap();
         let t = Instant::now();
         // SAFETY: discards have no buffers.
-        unsafe { e.submit(-1, &op(), 1).unwrap() };
+        unsafe { e.submit(&op(), 1).unwrap() };
         std::thread::sleep(Duration::from_millis(20));
         // SAFETY: as above.
-        unsafe { e.submit(-1, &op(), 2).unwrap() };
+        unsafe { e.submit(&op(), 2).unwrap() };
         e.commit().unwrap();
         let mut out = Vec::new();
         if t.elapsed() < Duration::from_millis(35) {
@@ -226,7 +233,7 @@ mod tests {
             ..op()
         };
         // SAFETY: a flush has no buffers.
-        unsafe { e.submit(-1, &flush, 3).unwrap() };
+        unsafe { e.submit(&flush, 3).unwrap() };
         assert!(e.has_completions());
         let mut out = Vec::new();
         e.reap(&mut out);

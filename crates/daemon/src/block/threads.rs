@@ -92,15 +92,21 @@ fn worker(rx: Arc<Mutex<Receiver<Job>>>, done: Arc<Done>) {
     }
 }
 
-impl Engine for PoolEngine {
-    unsafe fn submit(&mut self, fd: RawFd, op: &IoOp, token: u64) -> io::Result<()> {
+impl PoolEngine {
+    /// Queues `op` on the file `fd`; the completion carries `token`.
+    ///
+    /// # Safety
+    /// As [`Engines::submit`](super::Engines::submit).
+    pub unsafe fn submit(&mut self, fd: RawFd, op: &IoOp, token: u64) -> io::Result<()> {
         self.tx
             .as_ref()
             .expect("pool is running")
             .send(Job { fd, op: *op, token })
             .map_err(|_| io::Error::other("worker pool stopped"))
     }
+}
 
+impl Engine for PoolEngine {
     fn commit(&mut self) -> io::Result<()> {
         Ok(())
     }

@@ -35,7 +35,7 @@ impl ControlTarget for DaemonState {
                 name: e.name.clone(),
                 socket: e.socket.clone(),
                 config: e.config.clone(),
-                size_bytes: e.device.disk.size,
+                size_bytes: e.device.disk.size(),
                 map: e.map(),
                 connected: e.connected.load(Ordering::Acquire),
             })

@@ -99,7 +99,7 @@ mod tests {
             ExecuteError::GuestMemory,
             ExecuteError::BounceAlloc(1),
             ExecuteError::Submit {
-                backend: Backend::IoUring,
+                backend: Backend::IoUring { fd: 0 },
                 source: io::Error::from_raw_os_error(libc::ENOMEM),
             },
             ExecuteError::from(IoError::ShortTransfer {

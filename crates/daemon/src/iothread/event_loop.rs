@@ -20,7 +20,7 @@ use super::executor::{Executor, SlotId};
 use super::queue::{Popped, QueueSlot, Release};
 use super::queues::Queues;
 use super::{Command, GuestMem, IoThreadSetup, QueueAttach, QueueKey};
-use crate::block::clock_ns;
+use crate::clock::clock_ns;
 use crate::poll::{PollMode, PollPolicy};
 use crate::stats::IoThreadStats;
 

@@ -97,7 +97,6 @@ enum Submitted {
 struct Inflight {
     ticket: Ticket,
     backend: Backend,
-    fd: RawFd,
     /// Keeps the guest memory mapping alive while the kernel or a worker may
     /// still access it (memory can be replaced by the control plane meanwhile).
     mem: Arc<GuestMem>,
@@ -225,7 +224,7 @@ impl Executor {
             Operation::GetId { data } => data.clone(),
             _ => Segments::new(),
         };
-        let result = match device::action(req.op, &**mem, &device.serial, device.disk.read_only) {
+        let result = match device::action(req.op, &**mem, &device.serial, device.disk.read_only()) {
             Ok(Action::Answered(written)) => Ok(written as u64),
             Err(e) => Err(ExecuteError::GetId(e)),
             Ok(Action::Io(io)) => match self.submit(ticket, io, mem, device) {
@@ -290,7 +289,7 @@ impl Executor {
             if !guest_iovecs(mem, &io.data, &mut iov) {
                 return Err(ExecuteError::GuestMemory);
             }
-            if iov.len() > IOV_MAX || (disk.direct && !aligned(&iov, disk.align)) {
+            if iov.len() > IOV_MAX || disk.direct_align().is_some_and(|a| !aligned(&iov, a)) {
                 iov.clear();
                 // Unaligned for O_DIRECT (or too fragmented): go through an
                 // aligned copy, within the thread's cap: a guest's unaligned
@@ -323,12 +322,11 @@ impl Executor {
             self.inflight.push(None);
             self.inflight.len() - 1
         });
-        let backend = disk.backend;
+        let backend = disk.backend();
         let bounced = bounce.as_ref().map_or(0, Bounce::held);
         self.inflight[token] = Some(Inflight {
             ticket,
             backend,
-            fd: disk.fd(),
             mem: mem.clone(),
             transfer,
             data: io.data,
@@ -363,14 +361,16 @@ impl Executor {
         let Some(inf) = self.inflight.get(token).and_then(Option::as_ref) else {
             return Err(std::io::Error::other("no such in-flight request"));
         };
-        let engine = self.engines.get(inf.backend, &self.name)?;
         self.submitted = self.submitted.wrapping_add(1);
         // SAFETY: the transfer's iovecs (heap, not moved until the Inflight is
         // dropped) and the buffers they point to (guest memory mapped by
         // `inf.mem`, or `inf.bounce`, both held by the Inflight) stay valid
         // until this token's completion is reaped: the Inflight is only taken
         // out of the table in `on_completion`.
-        unsafe { engine.submit(inf.fd, inf.transfer.op(), token as u64) }
+        unsafe {
+            self.engines
+                .submit(inf.backend, &self.name, inf.transfer.op(), token as u64)
+        }
     }
 
     /// Requests in flight on a backend (submitted, not yet reaped): O(1),

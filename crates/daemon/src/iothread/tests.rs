@@ -19,7 +19,7 @@ use super::executor::{Executor, SlotId};
 use super::queue::{Popped, QueueSlot};
 use super::queues::{Queues, CALL_EVERY, POP_BUDGET};
 use super::{BlockDevice, GuestMem, InflightTracking, QueueAttach, QueueKey, QueueLog};
-use crate::block::{Backend, Disk};
+use crate::block::{Disk, FileEngine};
 use crate::dirty_log::{DirtyLog, LOG_PAGE};
 use crate::seccomp::SeccompMode;
 use crate::stats::{IoThreadStats, QueueCounters};
@@ -122,18 +122,19 @@ impl Rig {
                 let path = dir.path().join("disk.raw");
                 let data: Vec<u8> = (0..DISK).map(pattern).collect();
                 std::fs::write(&path, data).unwrap();
-                let backend = if kind == Kind::Uring {
-                    Backend::IoUring
+                let engine = if kind == Kind::Uring {
+                    FileEngine::IoUring
                 } else {
-                    Backend::Threads
+                    FileEngine::Threads
                 };
-                let disk = Disk::open(&path, backend, false, o.read_only, None).unwrap();
+                let disk = Disk::open(&path, engine, false, o.read_only, None).unwrap();
                 (disk, Some(dir), Some(path))
             }
         };
-        if o.bounce {
-            disk.direct = true;
-            disk.align = 512;
+        // Only a file can be opened with O_DIRECT: a null disk has nothing
+        // to bounce for.
+        if let (true, Disk::File(f)) = (o.bounce, &mut disk) {
+            f.direct_align = Some(512);
         }
         let geometry = BlkGeometry {
             capacity_sectors: DISK / 512,
@@ -878,7 +879,10 @@ fn write_to_a_file_opened_read_only_fails_in_the_backend() {
     for kind in FILES {
         let mut r = Rig::new(kind);
         let path = r.path.clone().unwrap();
-        let ro = Disk::open(&path, r.device.disk.backend, false, true, None).unwrap();
+        let Disk::File(f) = &r.device.disk else {
+            panic!("{kind:?} is not a file disk")
+        };
+        let ro = Disk::open(&path, f.engine, false, true, None).unwrap();
         let dev = BlockDevice::new("t".into(), ro, r.device.limits, "s");
         r.queues.get_mut(r.id).unwrap().device = Arc::new(dev);
         r.fill(DATA, &[1; 512]);

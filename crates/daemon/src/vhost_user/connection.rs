@@ -1,5 +1,9 @@
-//! The backend side of one vhost-user connection: vring and memory state,
-//! checked message by message, handed to the IOThreads when a ring starts.
+//! The backend side of one vhost-user connection: vring state, checked
+//! message by message, handed to the IOThreads when a ring starts and taken
+//! back when it stops; features, device config and ownership. Guest memory
+//! (`mem_table`), the inflight region (`inflight`) and live migration's dirty
+//! log (`migration`) have their own files; the message handler below
+//! dispatches to them.
 
 use std::fs::File;
 use std::io;
@@ -19,18 +23,18 @@ use vhost::vhost_user::{
 };
 use vhost::VhostUserMemoryRegionBase;
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemoryBackend, GuestRegionMmap};
+use vm_memory::{GuestAddress, GuestAddressSpace};
 
-use super::memory::{
-    check_disjoint, check_region, seal_against_shrinking, vmm_va_to_gpa, AddrMapping, Sealing,
-};
-use super::{bench_track, ExportShared};
+use super::memory::AddrMapping;
+use super::ExportShared;
 use crate::dirty_log::DirtyLog;
-use crate::inflight::{InflightLayout, InflightRegion};
-use crate::iothread::{
-    Command, GuestMem, GuestMemHandle, InflightTracking, QueueAttach, QueueKey, QueueLog,
-};
+use crate::inflight::InflightRegion;
+use crate::iothread::{Command, GuestMem, GuestMemHandle, QueueAttach, QueueKey};
 use crate::virtio::{features, CONFIG_WRITEBACK_OFFSET};
+
+mod inflight;
+mod mem_table;
+mod migration;
 
 /// Memory slots we accept with CONFIGURE_MEM_SLOTS (QEMU's vhost-user limit is 509 too).
 const MAX_MEM_SLOTS: u64 = 509;
@@ -102,82 +106,6 @@ impl Connection {
         }
     }
 
-    /// The dirty log queue `index` marks: the mapped log while the frontend
-    /// acks VHOST_F_LOG_ALL (vhost-user "Dirty logging"), else None.
-    fn queue_log(&self, index: u16) -> Option<QueueLog> {
-        let v = &self.vrings[index as usize];
-        if bench_track().dirty_log {
-            return self.log.as_ref().map(|log| QueueLog {
-                log: log.clone(),
-                used: Some(v.used),
-            });
-        }
-        if self.acked_features & LOG_ALL == 0 {
-            return None;
-        }
-        self.log.as_ref().map(|log| QueueLog {
-            log: log.clone(),
-            used: v.log_used,
-        })
-    }
-
-    /// `VQBLK_BENCH_TRACK` (benchmark only): gives a starting ring the
-    /// private inflight region and dirty log its frontend did not ask for.
-    fn bench_track(&mut self, index: u16) -> VhostResult<()> {
-        let track = bench_track();
-        let name = &self.export.device.name;
-        if track.inflight && self.inflight.is_none() {
-            let layout = InflightLayout::new(self.vrings.len() as u16, self.export.max_queue_size)
-                .map_err(|e| invalid(&e.to_string()))?;
-            let (region, _file) =
-                InflightRegion::create(layout).map_err(|e| invalid(&e.to_string()))?;
-            info!("{name}: VQBLK_BENCH_TRACK: private inflight region for vring {index}");
-            self.inflight = Some(region);
-        }
-        if track.dirty_log && self.log.is_none() {
-            let mem_end = self.mem.memory().last_addr().0.saturating_add(1);
-            let bytes = mem_end.div_ceil(4096).div_ceil(8).next_multiple_of(4096);
-            let log = DirtyLog::private(bytes as usize).map_err(|e| invalid(&e.to_string()))?;
-            info!("{name}: VQBLK_BENCH_TRACK: private dirty log of {bytes} bytes");
-            self.log = Some(Arc::new(log));
-        }
-        Ok(())
-    }
-
-    /// Tells the IOThreads of every running ring whether to log (and where),
-    /// without stopping the rings, and waits until they apply it: the frontend
-    /// hears back only then, so no completion after its message goes unmarked.
-    fn push_log(&self) {
-        let indexes: Vec<u16> = (0..self.vrings.len() as u16)
-            .filter(|&i| self.vrings[i as usize].started)
-            .collect();
-        self.push_log_to(&indexes);
-    }
-
-    fn push_log_to(&self, indexes: &[u16]) {
-        let (tx, rx) = sync_channel(indexes.len());
-        // Routed under the export's lock, held until every switch applies: a
-        // queue-move cannot take a ring away between the send and the switch.
-        let routes = self.export.map.lock();
-        for &index in indexes {
-            self.export.iothreads[routes.thread_of(index)].send(Command::SetLog {
-                key: self.key(index),
-                log: self.queue_log(index),
-                applied: tx.clone(),
-            });
-        }
-        drop(tx);
-        for _ in indexes {
-            if rx.recv_timeout(DRAIN_TIMEOUT).is_err() {
-                warn!(
-                    "{}: an IOThread did not switch dirty logging in time",
-                    self.export.device.name
-                );
-                return;
-            }
-        }
-    }
-
     /// Device setup (memory, vrings, config writes) needs SET_OWNER first
     /// (vhost-user spec: SET_OWNER makes this frontend the owner of the
     /// session); feature negotiation may come before it, as QEMU does.
@@ -191,38 +119,6 @@ impl Connection {
         }
     }
 
-    /// Checks the regions of a memory message against their files and
-    /// against each other's and `existing`'s frontend addresses; returns
-    /// `existing` with the new regions' mappings appended.
-    fn check_regions(
-        &mut self,
-        regions: &[VhostUserMemoryRegion],
-        files: &[File],
-        existing: Vec<AddrMapping>,
-    ) -> VhostResult<Vec<AddrMapping>> {
-        let name = self.export.device.name.clone();
-        let refuse = |e: super::memory::RegionError| {
-            warn!("{name}: memory region refused: {e}");
-            invalid(&e.to_string())
-        };
-        let mut mappings = existing;
-        for (i, (r, file)) in regions.iter().zip(files).enumerate() {
-            let sealing = check_region(i, r, file).map_err(refuse)?;
-            let m = AddrMapping::of(r);
-            check_disjoint(i, &m, &mappings).map_err(refuse)?;
-            mappings.push(m);
-            if sealing == Sealing::Unsealed && !self.told_unsealed {
-                self.told_unsealed = true;
-                info!(
-                    "{}: guest memory region {i} cannot be sealed against shrinking \
-                     (file-backed memory): a frontend that truncates it can crash the daemon",
-                    name
-                );
-            }
-        }
-        Ok(mappings)
-    }
-
     fn vring(&mut self, index: u32) -> VhostResult<&mut Vring> {
         self.vrings
             .get_mut(index as usize)
@@ -234,14 +130,6 @@ impl Connection {
             export: self.export.index,
             queue,
         }
-    }
-
-    fn vmm_va_to_gpa(&self, va: u64) -> VhostResult<u64> {
-        vmm_va_to_gpa(&self.mappings, va).ok_or_else(|| {
-            invalid(&format!(
-                "vring address {va:#x} is not in any memory region"
-            ))
-        })
     }
 
     /// Starts the ring if it has everything (vhost-user spec: a ring starts
@@ -290,7 +178,6 @@ impl Connection {
                 "vring {index}: addresses or size invalid for guest memory"
             )));
         }
-        self.bench_track(index)?;
         let inflight = self.attach_inflight(index, &mut queue, used_idx.0)?;
         let v = &mut self.vrings[index as usize];
         let kick = v
@@ -329,52 +216,6 @@ impl Connection {
         Ok(())
     }
 
-    /// Attaches a starting ring to the inflight region, if there is one, and
-    /// runs the recovery (vhost-user "Inflight I/O tracking"): the ring continues
-    /// from the avail index the region proves was reached, which overrides
-    /// SET_VRING_BASE (after a backend crash the frontend rebuilds that from the
-    /// used index, which out-of-order completions make wrong), and the heads
-    /// left in flight go to the IOThread to be executed again first.
-    fn attach_inflight(
-        &self,
-        index: u16,
-        queue: &mut Queue,
-        used_idx: u16,
-    ) -> VhostResult<Option<InflightTracking>> {
-        let Some(region) = &self.inflight else {
-            return Ok(None);
-        };
-        let name = &self.export.device.name;
-        let layout = region.layout();
-        if index >= layout.num_queues() || queue.size() > layout.queue_size() {
-            return Err(invalid(&format!(
-                "vring {index} of size {} is not covered by the inflight region \
-                 ({} queues of {})",
-                queue.size(),
-                layout.num_queues(),
-                layout.queue_size()
-            )));
-        }
-        let (record, recovery) = region.attach_queue(index, used_idx).map_err(|e| {
-            warn!("{name}: vring {index}: {e}");
-            invalid(&e.to_string())
-        })?;
-        if queue.next_avail() != recovery.next_avail_idx || !recovery.resubmit.is_empty() {
-            info!(
-                "{name}: vring {index}: inflight recovery: {} requests to execute again, \
-                 next avail index {} (the frontend said {})",
-                recovery.resubmit.len(),
-                recovery.next_avail_idx,
-                queue.next_avail()
-            );
-        }
-        queue.set_next_avail(recovery.next_avail_idx);
-        Ok(Some(InflightTracking {
-            record,
-            resubmit: recovery.resubmit,
-        }))
-    }
-
     /// Stops the ring if an IOThread owns it, waiting for its requests, and
     /// records where it stopped.
     fn stop(&mut self, index: u16) {
@@ -402,20 +243,6 @@ impl Connection {
         drop(routes);
     }
 
-    /// An inflight region may describe at most the export's queues, of at most
-    /// the largest queue size a ring may have.
-    fn check_inflight_shape(&self, num_queues: u16, queue_size: u16) -> VhostResult<()> {
-        let max_queue = self.export.max_queue_size;
-        if usize::from(num_queues) > self.vrings.len() || queue_size > max_queue {
-            return Err(invalid(&format!(
-                "inflight region for {num_queues} queues of {queue_size}: the export has {} \
-                 queues of at most {max_queue}",
-                self.vrings.len()
-            )));
-        }
-        Ok(())
-    }
-
     /// Stops every ring (disconnect, reset).
     pub fn stop_all(&mut self) {
         for i in 0..self.vrings.len() {
@@ -432,23 +259,6 @@ impl Connection {
         // A reset device starts over with a fresh region (QEMU frees its copy).
         self.inflight = None;
         self.log = None;
-    }
-
-    /// Post-copy migration (the frontend wants page faults served) is not
-    /// supported: PAGEFAULT is never offered, and a frontend asking anyway is
-    /// refused with a clear log line.
-    fn refuse_postcopy(&self) -> VhostError {
-        warn!(
-            "{}: post-copy migration is not supported (use pre-copy live migration)",
-            self.export.device.name
-        );
-        VhostError::InvalidOperation("post-copy migration not supported")
-    }
-
-    fn publish_memory(&mut self, mem: GuestMem) {
-        // Running IOThreads pick the new map up at their next pass; in-flight
-        // requests keep the old one alive through their own Arc.
-        self.mem.lock().unwrap().replace(mem);
     }
 }
 
@@ -513,27 +323,7 @@ impl VhostUserBackendReqHandlerMut for Connection {
         if postcopy.is_some() {
             return Err(self.refuse_postcopy());
         }
-        // The crate already bounds the table (32 regions, one fd each, 4 KiB
-        // message); every region is checked against its file before mapping.
-        if ctx.len() != files.len() {
-            return Err(invalid("one fd per memory region"));
-        }
-        let mappings = self.check_regions(ctx, &files, Vec::new())?;
-        let mut regions = Vec::new();
-        for (region, file) in ctx.iter().zip(files) {
-            let r = GuestRegionMmap::new(
-                region.mmap_region(file)?,
-                GuestAddress(region.guest_phys_addr),
-            )
-            .ok_or_else(|| invalid("memory region overflows"))?;
-            regions.push(r);
-        }
-        let mem = GuestMem::from_regions(regions).map_err(|e| {
-            warn!("{}: memory table refused: {e}", self.export.device.name);
-            invalid(&e.to_string())
-        })?;
-        self.publish_memory(mem);
-        self.mappings = mappings;
+        self.replace_mem_table(ctx, files)?;
         Ok(None)
     }
 
@@ -652,16 +442,13 @@ impl VhostUserBackendReqHandlerMut for Connection {
     }
 
     fn get_protocol_features(&mut self) -> VhostResult<VhostUserProtocolFeatures> {
-        let mut offered = VhostUserProtocolFeatures::MQ
+        Ok(VhostUserProtocolFeatures::MQ
             | VhostUserProtocolFeatures::REPLY_ACK
             | VhostUserProtocolFeatures::CONFIG
             | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
+            | VhostUserProtocolFeatures::INFLIGHT_SHMFD
             // Not PAGEFAULT: post-copy migration is not supported.
-            | VhostUserProtocolFeatures::LOG_SHMFD;
-        if super::offer_inflight() {
-            offered |= VhostUserProtocolFeatures::INFLIGHT_SHMFD;
-        }
-        Ok(offered)
+            | VhostUserProtocolFeatures::LOG_SHMFD)
     }
 
     fn set_protocol_features(&mut self, _features: u64) -> VhostResult<()> {
@@ -747,51 +534,12 @@ impl VhostUserBackendReqHandlerMut for Connection {
         inflight: &VhostUserInflight,
     ) -> VhostResult<(VhostUserInflight, File)> {
         self.owner()?;
-        self.check_inflight_shape(inflight.num_queues, inflight.queue_size)?;
-        let layout = InflightLayout::new(inflight.num_queues, inflight.queue_size)
-            .map_err(|e| invalid(&e.to_string()))?;
-        let (region, file) = InflightRegion::create(layout).map_err(|e| {
-            warn!("{}: {e}", self.export.device.name);
-            invalid(&e.to_string())
-        })?;
-        debug!(
-            "{}: inflight region of {} bytes for {} queues of {}",
-            self.export.device.name,
-            layout.mmap_size(),
-            layout.num_queues(),
-            layout.queue_size()
-        );
-        self.inflight = Some(region);
-        let reply = VhostUserInflight::new(
-            layout.mmap_size(),
-            0,
-            layout.num_queues(),
-            layout.queue_size(),
-        );
-        Ok((reply, file))
+        self.create_inflight(inflight)
     }
 
     fn set_inflight_fd(&mut self, inflight: &VhostUserInflight, file: File) -> VhostResult<()> {
         self.owner()?;
-        if self.vrings.iter().any(|v| v.started) {
-            return Err(invalid("SET_INFLIGHT_FD while rings are running"));
-        }
-        self.check_inflight_shape(inflight.num_queues, inflight.queue_size)?;
-        // Validated before mapping: a short or oversized file is refused, never
-        // mapped (touching past its end would raise SIGBUS).
-        let region = InflightRegion::from_file(
-            &file,
-            inflight.mmap_offset,
-            inflight.mmap_size,
-            inflight.num_queues,
-            inflight.queue_size,
-        )
-        .map_err(|e| {
-            warn!("{}: {e}", self.export.device.name);
-            invalid(&e.to_string())
-        })?;
-        self.inflight = Some(region);
-        Ok(())
+        self.adopt_inflight(inflight, file)
     }
 
     fn get_max_mem_slots(&mut self) -> VhostResult<u64> {
@@ -808,45 +556,13 @@ impl VhostUserBackendReqHandlerMut for Connection {
         if postcopy.is_some() {
             return Err(self.refuse_postcopy());
         }
-        if self.mappings.len() as u64 >= MAX_MEM_SLOTS {
-            warn!(
-                "{}: memory region refused: all {MAX_MEM_SLOTS} slots are in use",
-                self.export.device.name
-            );
-            return Err(invalid("no free memory slot"));
-        }
-        let mappings = self.check_regions(
-            std::slice::from_ref(region),
-            std::slice::from_ref(&fd),
-            self.mappings.clone(),
-        )?;
-        let r = Arc::new(
-            GuestRegionMmap::new(
-                region.mmap_region(fd)?,
-                GuestAddress(region.guest_phys_addr),
-            )
-            .ok_or_else(|| invalid("memory region overflows"))?,
-        );
-        let mem = self.mem.memory().insert_region(r).map_err(|e| {
-            warn!("{}: memory region refused: {e}", self.export.device.name);
-            invalid(&e.to_string())
-        })?;
-        self.publish_memory(mem);
-        self.mappings = mappings;
+        self.add_region(region, fd)?;
         Ok(None)
     }
 
     fn remove_mem_region(&mut self, region: &VhostUserSingleMemoryRegion) -> VhostResult<()> {
         self.owner()?;
-        let (mem, _) = self
-            .mem
-            .memory()
-            .remove_region(GuestAddress(region.guest_phys_addr), region.memory_size)
-            .map_err(|e| VhostError::ReqHandlerError(io::Error::other(e)))?;
-        self.publish_memory(mem);
-        self.mappings
-            .retain(|m| m.gpa_base != region.guest_phys_addr);
-        Ok(())
+        self.remove_region(region)
     }
 
     fn set_device_state_fd(
@@ -872,28 +588,6 @@ impl VhostUserBackendReqHandlerMut for Connection {
 
     fn set_log_base(&mut self, log: &VhostUserLog, file: File) -> VhostResult<()> {
         self.owner()?;
-        let name = &self.export.device.name;
-        // The log must cover every guest address the daemon may write.
-        let mem_end = self.mem.memory().last_addr().0.saturating_add(1);
-        // As for guest memory: sealed against shrinking where possible, then
-        // checked against its size, so a truncation cannot SIGBUS the daemon.
-        if seal_against_shrinking(&file) == Sealing::Unsealed {
-            info!("{name}: the dirty log's file cannot be sealed against shrinking");
-        }
-        let mapped =
-            DirtyLog::map(&file, log.mmap_size, log.mmap_offset, mem_end).map_err(|e| {
-                warn!("{name}: SET_LOG_BASE refused: {e}");
-                invalid(&e.to_string())
-            })?;
-        debug!(
-            "{name}: dirty log of {} bytes mapped ({} pages of guest memory)",
-            log.mmap_size,
-            mapped.pages()
-        );
-        // A new log (QEMU resizes it when memory changes) replaces the old one
-        // on every running ring; the old mapping goes with its last holder.
-        self.log = Some(Arc::new(mapped));
-        self.push_log();
-        Ok(())
+        self.map_log(log, file)
     }
 }

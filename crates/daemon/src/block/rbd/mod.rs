@@ -482,8 +482,12 @@ impl RbdEngine {
     }
 }
 
-impl Engine for RbdEngine {
-    unsafe fn submit(&mut self, _fd: RawFd, op: &IoOp, token: u64) -> std::io::Result<()> {
+impl RbdEngine {
+    /// Queues `op`; the completion carries `token`.
+    ///
+    /// # Safety
+    /// As [`Engines::submit`](super::Engines::submit).
+    pub unsafe fn submit(&mut self, op: &IoOp, token: u64) -> std::io::Result<()> {
         let api = self.api;
         let arg = Box::into_raw(Box::new(OpCtx {
             api,
@@ -528,7 +532,9 @@ impl Engine for RbdEngine {
         }
         Ok(())
     }
+}
 
+impl Engine for RbdEngine {
     fn commit(&mut self) -> std::io::Result<()> {
         Ok(())
     }
