@@ -77,6 +77,7 @@ pub fn event_idx_wants_call(used: u16, added: u16, used_event: u16) -> bool {
 
 /// A le16 field of a ring at `at` (None: its address overflowed), with
 /// virtio-queue's errors.
+#[inline(always)]
 fn load_le16<M: SmallAccess + ?Sized>(
     mem: &M,
     at: Option<GuestAddress>,
@@ -101,7 +102,7 @@ pub struct SplitRing {
 
 impl SplitRing {
     /// The ring `queue` is configured with.
-    #[inline]
+    #[inline(always)]
     pub fn of(queue: &Queue) -> SplitRing {
         SplitRing {
             desc_table: GuestAddress(queue.desc_table()),
@@ -122,13 +123,13 @@ impl SplitRing {
     }
 
     /// The avail ring's index (Acquire: the entries before it are visible).
-    #[inline]
+    #[inline(always)]
     pub fn avail_idx<M: SmallAccess + ?Sized>(&self, mem: &M) -> Result<u16, Error> {
         load_le16(mem, avail_idx(self.avail), Ordering::Acquire)
     }
 
     /// The head the driver put at avail ring position `index`.
-    #[inline]
+    #[inline(always)]
     pub fn avail_head<M: SmallAccess + ?Sized>(&self, mem: &M, index: u16) -> Result<u16, Error> {
         load_le16(
             mem,
@@ -139,7 +140,7 @@ impl SplitRing {
 
     /// Writes used entry `index` (modulo the size): `head` with `len` bytes
     /// written. Not visible to the driver until [`Self::publish_used`].
-    #[inline]
+    #[inline(always)]
     pub fn put_used<M: SmallAccess + ?Sized>(
         &self,
         mem: &M,
@@ -157,7 +158,7 @@ impl SplitRing {
     }
 
     /// Stores the used index `idx` (Release: after the entries before it).
-    #[inline]
+    #[inline(always)]
     pub fn publish_used<M: SmallAccess + ?Sized>(&self, mem: &M, idx: u16) -> Result<(), Error> {
         let at = used_idx(self.used).ok_or(Error::AddressOverflow)?;
         mem.store_small(idx.to_le(), at, Ordering::Release)
@@ -165,19 +166,20 @@ impl SplitRing {
     }
 
     /// Whether the driver asked to hear about the `added` used entries
-    /// published since the last call, the last of which made the used index
-    /// `used`: its `used_event` (EVENT_IDX, virtio-queue's
+    /// published since the last call (the count is taken, with EVENT_IDX),
+    /// the last of which made the used index `used`: its `used_event`
+    /// (EVENT_IDX, virtio-queue's
     /// `needs_notification`), or else a clear VRING_AVAIL_F_NO_INTERRUPT in
     /// the avail ring's flags, which virtio-queue does not look at (it would
     /// call after every publish). A driver that sets the flag while it reaps
     /// (libblkio, Linux) then gets a call only when it is about to wait.
-    #[inline]
+    #[inline(always)]
     pub fn needs_notification<M: SmallAccess + ?Sized>(
         &self,
         mem: &M,
         event_idx: bool,
         used: u16,
-        added: u16,
+        added: &mut u16,
     ) -> Result<bool, Error> {
         // The used index was stored before this load, in that order: a
         // driver that writes used_event (or clears the flag) and then reads
@@ -187,6 +189,7 @@ impl SplitRing {
         if event_idx {
             let at = used_event(self.avail, self.size);
             let used_event = load_le16(mem, at, Ordering::Relaxed)?;
+            let added = std::mem::take(added);
             return Ok(event_idx_wants_call(used, added, used_event));
         }
         let flags = load_le16(mem, Some(self.avail), Ordering::Acquire)?;
@@ -355,7 +358,9 @@ mod against_virtio_queue {
             let back = round.wrapping_mul(7) % 9;
             m.write_obj(used.wrapping_sub(back).to_le(), used_event_at)
                 .unwrap();
-            let ours = ring.needs_notification(&m, true, used, added).unwrap();
+            let mut count = added;
+            let ours = ring.needs_notification(&m, true, used, &mut count).unwrap();
+            assert_eq!(count, 0, "the count is taken");
             let theirs = q.needs_notification(&m).unwrap();
             assert_eq!(ours, theirs, "used {used}, added {added}, back {back}");
             seen[usize::from(ours)] = true;
@@ -371,9 +376,9 @@ mod against_virtio_queue {
         let vq = MockSplitQueue::new(&m, SIZE);
         let ring = SplitRing::of(&vq.create_queue::<Queue>().unwrap());
         m.write_obj(0u16, vq.avail_addr()).unwrap();
-        assert!(ring.needs_notification(&m, false, 1, 1).unwrap());
+        assert!(ring.needs_notification(&m, false, 1, &mut 1).unwrap());
         let flag = VRING_AVAIL_F_NO_INTERRUPT as u16;
         m.write_obj(flag.to_le(), vq.avail_addr()).unwrap();
-        assert!(!ring.needs_notification(&m, false, 1, 1).unwrap());
+        assert!(!ring.needs_notification(&m, false, 1, &mut 1).unwrap());
     }
 }

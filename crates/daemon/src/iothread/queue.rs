@@ -599,13 +599,9 @@ impl QueueSlot {
     /// the last call (EVENT_IDX's `used_event`, or NO_INTERRUPT: see
     /// [`SplitRing::needs_notification`]).
     fn wants_call(&mut self, mem: &GuestMem) -> Result<bool, virtio_queue::Error> {
-        let event_idx = self.queue.event_idx_enabled();
-        let added = if event_idx {
-            std::mem::take(&mut self.num_added)
-        } else {
-            0
-        };
-        SplitRing::of(&self.queue).needs_notification(mem, event_idx, self.queue.next_used(), added)
+        let q = &self.queue;
+        let (event_idx, used) = (q.event_idx_enabled(), q.next_used());
+        SplitRing::of(q).needs_notification(mem, event_idx, used, &mut self.num_added)
     }
 
     /// Signals the guest if requests were finished since the last call and
