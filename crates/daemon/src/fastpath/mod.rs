@@ -23,8 +23,20 @@
 //! # Why
 //!
 //! Server instructions per 4k request, null backend, QD16, counted by
-//! callgrind with `scripts/instructions-per-request.sh` (the same count for
-//! the same binary whatever the machine does): FIGURES.
+//! callgrind with `scripts/instructions-per-request.sh` (within a few
+//! instructions the same count for the same binary, whatever the machine
+//! does):
+//!
+//! | | read | write |
+//! |---|---|---|
+//! | with this module | 2,767 | 2,816 |
+//! | without: the crates' `pop_descriptor_chain`, `add_used`, `avail_idx`, `needs_notification` and accessors over vm-memory's region lookup | 3,970 | 4,013 |
+//!
+//! That is about 1,200 instructions, 30% of the daemon's own work per
+//! request. The variant without it changes only what the table's left
+//! column names (the queue layer pops and publishes through virtio-queue,
+//! `GuestMem` answers every access through vm-memory); the null backend's
+//! memset of read data is not counted.
 //!
 //! # What keeps it equivalent to the crates
 //!

@@ -138,30 +138,33 @@ impl SplitRing {
         )
     }
 
-    /// Writes used entry `index` (modulo the size): `head` with `len` bytes
-    /// written. Not visible to the driver until [`Self::publish_used`].
+    /// Puts `head` with `len` bytes written on `queue`'s used ring (this
+    /// ring) and publishes it: the entry, then the used index (Release:
+    /// after the entry). virtio-queue's `Queue::add_used`, the same steps in
+    /// the same order, with the EVENT_IDX count (`num_added`, private in
+    /// virtio-queue) kept by the caller.
     #[inline(always)]
-    pub fn put_used<M: SmallAccess + ?Sized>(
+    pub fn add_used<M: SmallAccess + ?Sized>(
         &self,
         mem: &M,
-        index: u16,
+        queue: &mut Queue,
+        num_added: &mut u16,
         head: u16,
         len: u32,
     ) -> Result<(), Error> {
         if head >= self.size {
             return Err(Error::InvalidDescriptorIndex);
         }
-        let entry = used_entry(self.used, self.size, index).ok_or(Error::AddressOverflow)?;
+        let next = queue.next_used();
+        let entry = used_entry(self.used, self.size, next).ok_or(Error::AddressOverflow)?;
+        let idx = used_idx(self.used).ok_or(Error::AddressOverflow)?;
         // id (le32), len (le32).
         mem.write_obj_small([u32::from(head).to_le(), len.to_le()], entry)
-            .map_err(Error::GuestMemory)
-    }
-
-    /// Stores the used index `idx` (Release: after the entries before it).
-    #[inline(always)]
-    pub fn publish_used<M: SmallAccess + ?Sized>(&self, mem: &M, idx: u16) -> Result<(), Error> {
-        let at = used_idx(self.used).ok_or(Error::AddressOverflow)?;
-        mem.store_small(idx.to_le(), at, Ordering::Release)
+            .map_err(Error::GuestMemory)?;
+        let next = next.wrapping_add(1);
+        queue.set_next_used(next);
+        *num_added = num_added.wrapping_add(1);
+        mem.store_small(next.to_le(), idx, Ordering::Release)
             .map_err(Error::GuestMemory)
     }
 
@@ -293,11 +296,14 @@ mod against_virtio_queue {
             MockSplitQueue::new(&ours, SIZE),
             MockSplitQueue::new(&theirs, SIZE),
         );
-        let ring = SplitRing::of(&va.create_queue::<Queue>().unwrap());
+        let mut ours_q: Queue = va.create_queue().unwrap();
+        let ring = SplitRing::of(&ours_q);
         let mut q: Queue = vb.create_queue().unwrap();
         // Start near the wrap of the 16-bit index.
         let mut next = 65530u16;
         q.set_next_used(next);
+        ours_q.set_next_used(next);
+        let mut added = 0u16;
         let used = vb.used_addr();
         assert_eq!(used, va.used_addr());
         let bytes = |m: &GuestMemoryMmap| {
@@ -307,17 +313,18 @@ mod against_virtio_queue {
         };
         for k in 0..3 * u32::from(SIZE) {
             let (head, len) = ((k * 7 % u32::from(SIZE)) as u16, k * 4097);
-            ring.put_used(&ours, next, head, len).unwrap();
+            ring.add_used(&ours, &mut ours_q, &mut added, head, len)
+                .unwrap();
             next = next.wrapping_add(1);
-            ring.publish_used(&ours, next).unwrap();
             q.add_used(&theirs, head, len).unwrap();
-            assert_eq!(q.next_used(), next);
+            assert_eq!((ours_q.next_used(), q.next_used()), (next, next));
+            assert_eq!(u32::from(added), k + 1);
             assert_eq!(bytes(&ours), bytes(&theirs), "entry {k}");
         }
         // A head outside the ring is refused by both, and writes nothing.
         let before = bytes(&ours);
         assert!(matches!(
-            ring.put_used(&ours, next, SIZE, 0),
+            ring.add_used(&ours, &mut ours_q, &mut added, SIZE, 0),
             Err(Error::InvalidDescriptorIndex)
         ));
         assert!(matches!(
@@ -331,9 +338,11 @@ mod against_virtio_queue {
             ..ring
         };
         assert!(matches!(
-            far.put_used(&ours, 0, 0, 0),
+            far.add_used(&ours, &mut ours_q, &mut added, 0, 0),
             Err(Error::GuestMemory(_))
         ));
+        // Neither a refused head nor a failed write moved the ring.
+        assert_eq!((ours_q.next_used(), added), (next, 3 * SIZE));
     }
 
     /// EVENT_IDX: the same answer as virtio-queue's `needs_notification`

@@ -293,16 +293,10 @@ impl QueueSlot {
     }
 
     /// Puts `head` with `len` bytes written on the used ring and publishes
-    /// it (the used index, Release: after the entry): virtio-queue's
-    /// `add_used`.
+    /// it: virtio-queue's `add_used` (see [`SplitRing::add_used`]).
     fn add_used(&mut self, mem: &GuestMem, head: u16, len: u32) -> Result<(), virtio_queue::Error> {
         let ring = SplitRing::of(&self.queue);
-        let next = self.queue.next_used();
-        ring.put_used(mem, next, head, len)?;
-        let next = next.wrapping_add(1);
-        self.queue.set_next_used(next);
-        self.num_added = self.num_added.wrapping_add(1);
-        ring.publish_used(mem, next)
+        ring.add_used(mem, &mut self.queue, &mut self.num_added, head, len)
     }
 
     /// [`QueueSlot::has_avail`] on the current memory map (no reference
