@@ -20,10 +20,10 @@
 //!   avail entries between next_avail before and after), with a used length
 //!   no larger than the chain's device-writable bytes.
 //!
-//! A ring in an impossible state (issue 11.1: an avail idx more than the
-//! queue size ahead, a ring the crate finds not ready; issue 11.4: a head
-//! index >= queue size) is stopped by the engine as a broken ring: the pass
-//! ends, and a head >= size is the last chain popped and gets no used entry.
+//! A ring in an impossible state (an avail idx more than the queue size
+//! ahead, a ring the crate finds not ready, a head index >= queue size) is
+//! stopped by the engine as a broken ring: the pass ends, and a head >= size
+//! is the last chain popped and gets no used entry.
 
 mod fuzz;
 
@@ -301,7 +301,7 @@ fn run_case(e: &mut Engine, c: &QueueCase) -> Outcome {
                 r.next_avail,
                 read_u16(&g, r.avail + 2),
                 if rescued {
-                    ": it spun on avail idx != next_avail (issue 11.1)"
+                    ": it spun on avail idx != next_avail"
                 } else {
                     ""
                 }
@@ -313,9 +313,10 @@ fn run_case(e: &mut Engine, c: &QueueCase) -> Outcome {
     check(&g, &r, &pre, &post, next_after)
 }
 
-/// A pass that does not end: if it is issue 11.1's spin (pop fails, the
-/// re-arm check sees avail idx != next_avail), putting an avail idx equal to
-/// next_avail ends it. Tries the plausible next_avail values.
+/// A pass that does not end: if it is the spin of a thread that takes an
+/// impossible avail idx for "nothing to pop" (pop fails, the re-arm check
+/// sees avail idx != next_avail), putting an avail idx equal to next_avail
+/// ends it. Tries the plausible next_avail values.
 fn rescue(g: &Guarded, r: &Ring, used_before: u16, rx: &std::sync::mpsc::Receiver<u16>) -> bool {
     let done = read_u16(g, r.used + 2)
         .unwrap_or(used_before)
@@ -486,8 +487,8 @@ fn check(g: &Guarded, r: &Ring, pre: &Snapshot, post: &Snapshot, next_after: u16
             .iter()
             .zip(&uncertain)
             .any(|(&(a, b), &u)| a >= size || b >= size || u);
-        // Issue 11.4's fix: a head >= size stops the ring (broken ring): it
-        // is the last chain popped, and the only one without a used entry.
+        // A head >= size stops the ring (broken ring): it is the last chain
+        // popped, and the only one without a used entry.
         let last_beyond = heads
             .last()
             .zip(uncertain.last())
@@ -502,7 +503,7 @@ fn check(g: &Guarded, r: &Ring, pre: &Snapshot, post: &Snapshot, next_after: u16
             r.next_avail,
             r.next_used,
             if beyond {
-                ": a head >= queue size got no used entry (issue 11.4)"
+                ": a head >= queue size got no used entry"
             } else {
                 ""
             }
@@ -678,18 +679,19 @@ fn regression_two_flushes_complete() {
     fuzz::check_case(&c, run_case(&mut e, &c));
 }
 
-/// Issue 11.1: SET_VRING_BASE 1000 on a 16-entry ring whose avail idx is 0.
+/// SET_VRING_BASE 1000 on a 16-entry ring whose avail idx is 0: the ring is
+/// stopped, the IOThread does not spin on it.
 #[test]
-fn regression_11_1_next_avail_far_beyond_avail_idx() {
+fn regression_next_avail_far_beyond_avail_idx() {
     let mut e = Engine::new();
     let mut c = quiet_ring();
     c.raw_next = Some(1000);
     fuzz::check_case(&c, run_case(&mut e, &c));
 }
 
-/// Issue 11.4: an avail entry naming head 40 on a 16-entry ring.
+/// An avail entry naming head 40 on a 16-entry ring.
 #[test]
-fn regression_11_4_head_beyond_queue_size() {
+fn regression_head_beyond_queue_size() {
     let mut e = Engine::new();
     let mut c = quiet_ring();
     c.avail_idx = 2;

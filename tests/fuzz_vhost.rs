@@ -12,9 +12,8 @@
 //!   still serves a frontend connected before the run, and a fresh
 //!   connection on `a` does I/O correctly.
 //!
-//! No known defect is stepped around (issue 11.1's frozen IOThread, which a
-//! far SET_VRING_BASE or a used ring over the avail idx caused, is fixed:
-//! such a ring is stopped as broken).
+//! No known defect is stepped around: a far SET_VRING_BASE or a used ring
+//! over the avail idx stops that ring as broken, and the IOThread goes on.
 
 mod common;
 #[path = "common/frontend.rs"]

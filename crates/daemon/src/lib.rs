@@ -17,6 +17,7 @@ pub mod config;
 pub mod control;
 pub mod daemon;
 pub mod dirty_log;
+pub mod fastpath;
 pub mod inflight;
 pub mod iothread;
 pub mod logging;

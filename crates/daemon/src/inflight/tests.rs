@@ -13,6 +13,33 @@ use super::*;
 // Layout and validation
 // ---------------------------------------------------------------------------
 
+/// The field offsets the region is accessed at are those of the rust-vmm
+/// `vhost` crate's description of the layout (its `QueueRegionSplit` header
+/// and `DescStateSplit` states, `repr(C, packed)`), which the daemon does
+/// not access through: its fields are written one atomic store at a time.
+#[test]
+fn layout_matches_the_vhost_crate() {
+    use std::mem::{offset_of, size_of};
+    use vhost::vhost_user::message::{DescStateSplit, QueueRegionSplit};
+    assert_eq!(OFF_FEATURES, offset_of!(QueueRegionSplit, features));
+    assert_eq!(OFF_VERSION, offset_of!(QueueRegionSplit, version));
+    assert_eq!(OFF_DESC_NUM, offset_of!(QueueRegionSplit, desc_num));
+    assert_eq!(
+        OFF_LAST_BATCH_HEAD,
+        offset_of!(QueueRegionSplit, last_batch_head)
+    );
+    assert_eq!(OFF_USED_IDX, offset_of!(QueueRegionSplit, used_idx));
+    // `desc` stands for the array of states that follows the header.
+    let states = offset_of!(QueueRegionSplit, desc);
+    assert_eq!(QUEUE_HEADER_SIZE, states as u64);
+    assert_eq!(DESC_STATE_SIZE, size_of::<DescStateSplit>() as u64);
+    assert_eq!(DESC_OFF_INFLIGHT, offset_of!(DescStateSplit, inflight));
+    assert_eq!(DESC_OFF_NEXT, offset_of!(DescStateSplit, next));
+    assert_eq!(DESC_OFF_COUNTER, offset_of!(DescStateSplit, counter));
+    let version = { QueueRegionSplit::new(0, 1).version };
+    assert_eq!(REGION_VERSION, version);
+}
+
 #[test]
 fn inflight_queue_region_size_is_header_plus_states_rounded_to_64() {
     assert_eq!(queue_region_size(1), 64);

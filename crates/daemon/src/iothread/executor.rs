@@ -14,8 +14,8 @@ use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
 
 use super::{BlockDevice, ExecuteError, GuestMem};
 use crate::block::{Backend, Completion, Engines, IoKind, Next, Transfer};
+use crate::fastpath::SmallAccess;
 use crate::seccomp::SeccompMode;
-use crate::virtio::access::SmallAccess;
 use crate::virtio::device::{self, Action, BlockIo};
 use crate::virtio::request::{Operation, Rejected, ReqKind, Request, Segment, Segments};
 

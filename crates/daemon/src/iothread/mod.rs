@@ -21,7 +21,6 @@ mod alloc_count;
 mod error;
 mod event_loop;
 mod executor;
-mod guest_mem;
 mod queue;
 mod queues;
 mod state;
@@ -45,6 +44,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::block::Disk;
 use crate::dirty_log::DirtyLog;
+use crate::fastpath;
 use crate::inflight::InflightQueue;
 use crate::poll::{PollMode, PollParams};
 use crate::seccomp::{self, SeccompMode, ThreadKind};
@@ -55,7 +55,7 @@ use crate::virtio::ID_BYTES;
 
 pub use error::ExecuteError;
 
-pub use guest_mem::GuestMem;
+pub use crate::fastpath::GuestMem;
 /// The guest memory map shared by a connection and the IOThreads serving it;
 /// replaced (RCU-style) on SET_MEM_TABLE / ADD_MEM_REG / REM_MEM_REG.
 pub type GuestMemHandle = GuestMemoryAtomic<GuestMem>;
@@ -172,7 +172,7 @@ impl QueueLog {
     /// avail_event: virtio spec 1.2, 2.7.8), if the frontend asked for it.
     pub(crate) fn mark_used(&self, size: u16) {
         if let Some(used) = self.used {
-            self.log.mark(used, 6 + 8 * u64::from(size));
+            self.log.mark(used, fastpath::used_ring_len(size));
         }
     }
 }

@@ -10,12 +10,10 @@
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io::Write;
-use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use log::{debug, error, warn};
-use virtio_bindings::virtio_ring::VRING_AVAIL_F_NO_INTERRUPT;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{GuestAddress, GuestAddressSpace};
 
@@ -23,11 +21,10 @@ use super::executor::{Executor, Finished, SlotId};
 use super::queues::WarnLimiter;
 use super::state::{Kicks, SlotState, Unnotified};
 use super::{BlockDevice, GuestMem, GuestMemHandle, QueueAttach, QueueKey, QueueLog};
+use crate::fastpath::{SmallAccess, SplitRing};
 use crate::inflight::InflightQueue;
 use crate::stats::{IoThreadStats, QueueCounters};
-use crate::virtio::access::SmallAccess;
 use crate::virtio::request::{self, ReqKind};
-use crate::virtio::ring;
 use crate::virtio::status;
 
 mod release;
@@ -198,37 +195,19 @@ impl QueueSlot {
 
     /// The avail ring's index (Acquire: the entries before it are visible).
     fn avail_idx(&self, mem: &GuestMem) -> Result<u16, virtio_queue::Error> {
-        let avail = GuestAddress(self.queue.avail_ring());
-        load_le16(mem, ring::avail_idx(avail), Ordering::Acquire)
+        SplitRing::of(&self.queue).avail_idx(mem)
     }
 
     /// The head the driver put at avail ring position `index`.
     fn avail_head(&self, mem: &GuestMem, index: u16) -> Result<u16, virtio_queue::Error> {
-        let q = &self.queue;
-        let entry = ring::avail_entry(GuestAddress(q.avail_ring()), q.size(), index);
-        load_le16(mem, entry, Ordering::Acquire)
+        SplitRing::of(&self.queue).avail_head(mem, index)
     }
 
     /// Puts `head` with `len` bytes written on the used ring and publishes
-    /// it (the used index, Release: after the entry). virtio-queue's
-    /// `add_used` with one store each for the entry and the index.
+    /// it: virtio-queue's `add_used` (see [`SplitRing::add_used`]).
     fn add_used(&mut self, mem: &GuestMem, head: u16, len: u32) -> Result<(), virtio_queue::Error> {
-        let q = &self.queue;
-        if head >= q.size() {
-            return Err(virtio_queue::Error::InvalidDescriptorIndex);
-        }
-        let used = GuestAddress(q.used_ring());
-        let next = q.next_used();
-        let entry =
-            ring::used_entry(used, q.size(), next).ok_or(virtio_queue::Error::AddressOverflow)?;
-        let idx = ring::used_idx(used).ok_or(virtio_queue::Error::AddressOverflow)?;
-        // id (le32), len (le32).
-        mem.write_obj_small([u32::from(head).to_le(), len.to_le()], entry)
-            .map_err(virtio_queue::Error::GuestMemory)?;
-        let next = next.wrapping_add(1);
-        self.queue.set_next_used(next);
-        mem.store_small(next.to_le(), idx, Ordering::Release)
-            .map_err(virtio_queue::Error::GuestMemory)
+        let ring = SplitRing::of(&self.queue);
+        ring.add_used(mem, &mut self.queue, head, len)
     }
 
     /// [`QueueSlot::has_avail`] on the current memory map (no reference
@@ -417,11 +396,8 @@ impl QueueSlot {
                     }
                 }
                 self.popped_at[head as usize] = now;
-                // The chain is walked by `HeadChain` (the same checks as
-                // virtio-queue's iterator, compared in request.rs's tests)
-                // rather than by the popped chain: its descriptor reads go
-                // through `SmallAccess`, the one-region fast path, where
-                // virtio-queue's go through vm-memory's generic accessor.
+                // The chain is walked by the fast path's `HeadChain`, not
+                // popped through virtio-queue (see `fastpath`).
                 let parsed = request::parse_head(&**mem, table, size, head, &self.device.limits);
                 self.inflight += 1;
                 exec.execute(id, parsed, mem, &self.device);
@@ -540,33 +516,11 @@ impl QueueSlot {
     }
 
     /// Whether the driver asked to hear about the used entries added since
-    /// the last call: its `used_event` (EVENT_IDX), or else a clear
-    /// VRING_AVAIL_F_NO_INTERRUPT in the avail ring's flags, which
-    /// virtio-queue does not look at (it would call after every publish).
-    /// A driver that sets the flag while it reaps (libblkio, Linux) then
-    /// gets a call only when it is about to wait.
+    /// the last call (EVENT_IDX's `used_event`, or NO_INTERRUPT: see
+    /// [`SplitRing::needs_notification`]).
     fn wants_call(&self, mem: &GuestMem, added: u16) -> Result<bool, virtio_queue::Error> {
-        if self.queue.event_idx_enabled() {
-            // virtio-queue's `needs_notification`, with the used_event read
-            // through `SmallAccess`. The used index was stored before this
-            // load (a driver that writes used_event and then reads the used
-            // index sees our entries, or we see its used_event).
-            fence(Ordering::SeqCst);
-            let q = &self.queue;
-            let at = ring::used_event(GuestAddress(q.avail_ring()), q.size());
-            let used_event = load_le16(mem, at, Ordering::Relaxed)?;
-            return Ok(ring::event_idx_wants_call(q.next_used(), added, used_event));
-        }
-        // The used index was stored before this load, in that order (a
-        // driver that clears the flag and then reads the used index sees
-        // our entries, or we see its clear flag: no lost wake-up).
-        fence(Ordering::SeqCst);
-        let flags = load_le16(
-            mem,
-            Some(GuestAddress(self.queue.avail_ring())),
-            Ordering::Acquire,
-        )?;
-        Ok(flags & VRING_AVAIL_F_NO_INTERRUPT as u16 == 0)
+        let q = &self.queue;
+        SplitRing::of(q).needs_notification(mem, q.event_idx_enabled(), q.next_used(), added)
     }
 
     /// Signals the guest if used entries were published since the last check
@@ -591,17 +545,4 @@ impl QueueSlot {
             ),
         }
     }
-}
-
-/// A le16 field of a ring at `at` (None: its address overflowed), read
-/// through `SmallAccess`, with virtio-queue's errors.
-fn load_le16(
-    mem: &GuestMem,
-    at: Option<GuestAddress>,
-    order: Ordering,
-) -> Result<u16, virtio_queue::Error> {
-    let at = at.ok_or(virtio_queue::Error::AddressOverflow)?;
-    mem.load_small::<u16>(at, order)
-        .map(u16::from_le)
-        .map_err(virtio_queue::Error::GuestMemory)
 }

@@ -4,11 +4,8 @@
 //! about threads, sockets or files; it speaks the block layer's vocabulary
 //! (`block::IoKind`) but never calls a backend.
 
-pub mod access;
-pub mod chain;
 pub mod device;
 pub mod request;
-pub mod ring;
 
 use virtio_bindings::virtio_blk::virtio_blk_config;
 use vm_memory::ByteValued;

@@ -6,16 +6,12 @@
 //! device-writable byte, and what lies between is data, whatever the descriptor
 //! boundaries, exactly as QEMU's virtio-blk splits its iovecs.
 
-use std::ops::Deref;
-
 use smallvec::SmallVec;
 use virtio_queue::desc::split::Descriptor;
-use virtio_queue::DescriptorChain;
 use vm_memory::GuestAddress;
 
-use super::access::SmallAccess;
-use super::chain::HeadChain;
 use super::{req_type, SECTOR_SIZE};
+use crate::fastpath::{HeadChain, SmallAccess};
 
 /// A guest-physical buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,8 +23,8 @@ pub struct Segment {
 }
 
 /// The guest buffers of a request, in order. Inline up to 4 (a 4 KiB read is
-/// one data segment and a status byte): parsing a request allocates nothing
-/// (issue 16: allocations per request were a measured cost).
+/// one data segment and a status byte): parsing a request allocates nothing,
+/// an allocation being a cost of its own on every request.
 pub type Segments = SmallVec<[Segment; 4]>;
 
 /// What the request asks for.
@@ -256,19 +252,10 @@ fn skip_front(segs: &[Segment], mut n: u64) -> Segments {
     out
 }
 
-/// Parses one descriptor chain. `mem` must be the memory the chain refers to.
-pub fn parse<M>(chain: DescriptorChain<M>, limits: &Limits) -> Result<Request, Rejected>
-where
-    M: Deref + Clone,
-    M::Target: SmallAccess,
-{
-    let head = chain.head_index();
-    parse_descriptors(head, chain.clone(), chain.memory(), limits)
-}
-
 /// Parses the chain of `head` in the descriptor table at `desc_table` of a
-/// queue of `queue_size` entries, without popping it: a request resubmitted
-/// after a restart (see [`HeadChain`]). Same checks and result as [`parse`].
+/// queue of `queue_size` entries: the IOThreads' parser, for a head just
+/// popped from the avail ring as for one resubmitted after a restart. The
+/// chain is walked by the fast path's [`HeadChain`].
 pub fn parse_head<M: SmallAccess + ?Sized>(
     mem: &M,
     desc_table: GuestAddress,
@@ -280,9 +267,12 @@ pub fn parse_head<M: SmallAccess + ?Sized>(
     parse_descriptors(head, chain, mem, limits)
 }
 
-/// Parses the descriptors of the chain of `head`; `mem` is the memory they
-/// point into.
-fn parse_descriptors<M: SmallAccess + ?Sized>(
+/// Parses the descriptors of the chain of `head`, however the chain was
+/// walked; `mem` is the memory they point into. [`parse_head`] hands it
+/// [`HeadChain`]'s walk; the tests also hand it the chain virtio-queue pops,
+/// over vm-memory's own accessors: the oracle the fast path's walk and
+/// accesses are compared with.
+pub fn parse_descriptors<M: SmallAccess + ?Sized>(
     head: u16,
     descriptors: impl Iterator<Item = Descriptor>,
     mem: &M,
@@ -489,9 +479,21 @@ mod tests {
     };
     use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
     use virtio_queue::mock::MockSplitQueue;
-    use virtio_queue::{Queue, QueueT};
+    use virtio_queue::{DescriptorChain, Queue, QueueT};
     use vm_memory::Bytes;
     use vm_memory::GuestMemoryMmap;
+
+    /// The oracle: the parser over the chain virtio-queue pops, whose
+    /// descriptor reads and accessors are vm-memory's (a plain
+    /// `GuestMemoryMmap` takes no fast path). Every test below compares it
+    /// with [`parse_head`].
+    fn parse(
+        chain: DescriptorChain<&GuestMemoryMmap>,
+        limits: &Limits,
+    ) -> Result<Request, Rejected> {
+        let head = chain.head_index();
+        parse_descriptors(head, chain.clone(), chain.memory(), limits)
+    }
 
     const HDR: u64 = 0x10_0000;
     const DATA: u64 = 0x20_0000;

@@ -1,35 +1,115 @@
-//! Guest memory as mapped by the daemon: vm-memory's region collection (the
-//! same regions, the same checked accessors) with a cheaper region lookup.
+//! Guest memory as the daemon maps it, and the small accesses of the request
+//! path (a descriptor, a request header, a status byte, a ring index).
 //!
-//! Every guest memory access (a descriptor, a request header, a status byte,
-//! a used ring entry) starts by finding the region that holds its address.
-//! vm-memory's collection binary-searches its regions through each region's
-//! `Arc`; that lookup was the largest single item of an IOThread's own work
-//! (16-20% of its samples at null QD16, docs/performance.md). Here it scans
-//! a small inline table of region bounds instead: a frontend maps a handful
-//! of regions (vhost-user allows 32 at most), and the table is built once per
-//! memory map, never per access. Everything else (bounds checks, slices,
-//! atomics, dirty bitmaps) is vm-memory's. Measured: 3475 -> 3065 server
-//! instructions per 4k read (`scripts/instructions-per-request.sh`), null
-//! QD16 2.15M -> 2.58M IOPS with a polling client and 1.29M -> 1.59M with a
-//! blocking one (server on CPU 1, 4 interleaved rounds).
+//! [`GuestMem`] is vm-memory's region collection (the same regions, the same
+//! checked accessors) with a cheaper region lookup: vm-memory's collection
+//! binary-searches its regions through each region's `Arc`; here a small
+//! inline table of region bounds is scanned instead. A frontend maps a
+//! handful of regions (vhost-user allows 32 at most), and the table is built
+//! once per memory map, never per access.
+//!
+//! [`SmallAccess`] reads and writes a range that lies in one region straight
+//! through that region's slice: one volatile load or store of the object's
+//! size. vm-memory's `Bytes` and `GuestMemory::load`/`store` work for any
+//! range, so they walk it region by region through generic iterators, which
+//! cost many times the access itself for a 2- or 16-byte one. A range
+//! across regions (or outside guest memory) takes vm-memory's accessor,
+//! which copies it piecewise or refuses it: the result and the errors are
+//! the same either way.
 
+use std::mem::size_of;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use vm_memory::volatile_memory::VolatileSlice;
 use vm_memory::{
-    GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap,
-    GuestUsize, MemoryRegionAddress,
+    AtomicAccess, ByteValued, Bytes, GuestAddress, GuestMemory, GuestMemoryBackend,
+    GuestMemoryError, GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap, GuestUsize,
+    MemoryRegionAddress, VolatileMemory,
 };
 
-use crate::virtio::access::SmallAccess;
+/// Small reads and writes of guest memory (see the module's documentation).
+/// A map offers the direct path by answering [`SmallAccess::one_region`];
+/// every access takes it when it can and falls back to vm-memory's
+/// accessor otherwise, so the fast path and the fallback are written once.
+/// The defaults are vm-memory's own accessors, which is all a plain
+/// `GuestMemoryMmap` offers (the parser's tests and its oracle use one).
+pub trait SmallAccess: GuestMemory {
+    /// The `len` bytes at `addr` as one volatile slice, when one region
+    /// holds all of them and the map offers the direct path (None: take
+    /// vm-memory's accessor).
+    fn one_region(&self, _addr: GuestAddress, _len: usize) -> Option<VolatileSlice<'_, ()>> {
+        None
+    }
+
+    /// Fills `buf` from `addr` (all of it, or an error).
+    fn read_small(&self, buf: &mut [u8], addr: GuestAddress) -> Result<(), GuestMemoryError> {
+        match self.one_region(addr, buf.len()) {
+            Some(s) => {
+                s.copy_to(buf);
+                Ok(())
+            }
+            None => self.read_slice(buf, addr),
+        }
+    }
+
+    /// Reads a `T` at `addr`. In one region a typed object is one volatile
+    /// load of its size (vm-memory's `VolatileRef`, unaligned-safe), where a
+    /// byte copy of a run-time length calls libc's memcpy.
+    fn read_obj_small<T: ByteValued>(&self, addr: GuestAddress) -> Result<T, GuestMemoryError> {
+        match self.one_region(addr, size_of::<T>()) {
+            Some(s) => s.get_ref::<T>(0).map(|r| r.load()).map_err(Into::into),
+            None => self.read_obj(addr),
+        }
+    }
+
+    /// Writes `val` at `addr` (one volatile store in one region).
+    fn write_obj_small<T: ByteValued>(
+        &self,
+        val: T,
+        addr: GuestAddress,
+    ) -> Result<(), GuestMemoryError> {
+        match self.one_region(addr, size_of::<T>()) {
+            Some(s) => s.get_ref::<T>(0).map(|r| r.store(val)).map_err(Into::into),
+            None => self.write_obj(val, addr),
+        }
+    }
+
+    /// An atomic load of a `T` at `addr` (a ring index), aligned as `T`.
+    fn load_small<T: AtomicAccess>(
+        &self,
+        addr: GuestAddress,
+        order: Ordering,
+    ) -> Result<T, GuestMemoryError> {
+        match self.one_region(addr, size_of::<T>()) {
+            Some(s) => s.load(0, order).map_err(Into::into),
+            None => self.load(addr, order),
+        }
+    }
+
+    /// An atomic store of `val` at `addr` (a ring index), aligned as `T`.
+    fn store_small<T: AtomicAccess>(
+        &self,
+        val: T,
+        addr: GuestAddress,
+        order: Ordering,
+    ) -> Result<(), GuestMemoryError> {
+        match self.one_region(addr, size_of::<T>()) {
+            Some(s) => s.store(val, 0, order).map_err(Into::into),
+            None => self.store(val, addr, order),
+        }
+    }
+}
+
+impl SmallAccess for GuestMemoryMmap<()> {}
 
 /// The regions' type.
 pub type Region = GuestRegionMmap<()>;
 /// vm-memory's error for a memory map it refuses.
 pub type MapError = vm_memory::GuestRegionCollectionError;
 
-/// Guest memory as mapped by the daemon (see the module's documentation).
+/// Guest memory as mapped by the daemon: vm-memory's regions, a lookup
+/// table of their bounds (see the module's documentation).
 #[derive(Debug, Default, Clone)]
 pub struct GuestMem {
     regions: GuestMemoryMmap<()>,
@@ -71,11 +151,7 @@ impl GuestMem {
 
 /// A descriptor, a header, a status byte, a ring index or a data buffer in
 /// one region is accessed straight through that region's slice; a range
-/// across regions (or outside guest memory) takes vm-memory's accessor,
-/// which copies it piecewise or refuses it. Measured
-/// (`scripts/instructions-per-request.sh`, with the chain walked by
-/// `HeadChain`): 3326 -> 2882 server instructions per 4k read; with the
-/// typed loads and the ring's fields, 3002 -> 2573.
+/// across regions (or outside guest memory) takes vm-memory's accessor.
 impl SmallAccess for GuestMem {
     fn one_region(&self, addr: GuestAddress, len: usize) -> Option<VolatileSlice<'_, ()>> {
         let region = self.find_region(addr)?;
@@ -118,8 +194,6 @@ impl GuestMemoryBackend for GuestMem {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::Ordering;
-    use vm_memory::Bytes;
 
     /// Three regions with holes between them, as a frontend maps RAM below
     /// and above a PCI hole.
