@@ -1,13 +1,22 @@
 //! vqblk: a vhost-user-blk storage daemon whose virtqueues are spread over a pool
 //! of IOThreads.
 //!
-//! Layers, from the guest inwards (see ARCHITECTURE.md):
-//! - [`vhost_user`]: the vhost-user protocol, one control thread per export socket;
-//! - [`iothread`]: the request engine, one event loop per IOThread owning its queues;
-//! - [`virtio`]: descriptor chains to requests, and the device model;
-//! - [`block`]: backends that execute block operations (io_uring, threads, null).
-//! - [`control`]: the JSON-RPC control socket (`vqblk ctl`, `vqblk top`).
-//! - [`qos`]: I/O limits, throttle groups, reservations and weights (pure).
+//! Layers, from the guest inwards (see ARCHITECTURE.md): the vhost-user
+//! transport (`vhost_user`, one control thread per export socket), the
+//! request engine ([`iothread`], one event loop per IOThread owning its
+//! queues), the device model ([`virtio`]: descriptor chains to requests) over
+//! the [`fastpath`] (guest memory and split-ring accesses), and the backends
+//! ([`block`]: io_uring, threads, null, rbd). Around them: [`control`] (the
+//! JSON-RPC control socket), [`qos`] (I/O limits, throttle groups,
+//! reservations and weights), [`poll`] (the polling policies).
+//!
+//! The public modules are what the binary, the load generator
+//! (`vqblk-bench`), the study (`vqblk-study`), the examples and the
+//! integration tests use: starting a [`daemon::Daemon`] from a
+//! [`config::ServeConfig`] (or [`cli`]'s flags), its typed [`stats`], the
+//! [`size`] grammar, and the pure modules the tests drive directly. The
+//! transport, the seccomp filters, logging and the Prometheus renderer are
+//! internal.
 
 pub(crate) mod blkdev;
 pub mod block;
@@ -20,13 +29,13 @@ pub mod dirty_log;
 pub mod fastpath;
 pub mod inflight;
 pub mod iothread;
-pub mod logging;
+pub(crate) mod logging;
 pub mod mapping;
-pub mod metrics;
+pub(crate) mod metrics;
 pub mod poll;
 pub mod qos;
-pub mod seccomp;
+pub(crate) mod seccomp;
 pub mod size;
 pub mod stats;
-pub mod vhost_user;
+pub(crate) mod vhost_user;
 pub mod virtio;

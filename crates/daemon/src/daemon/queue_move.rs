@@ -1,7 +1,7 @@
 //! `queue-move`: moves virtqueue Q of an export to IOThread T while the guest
 //! runs.
 //!
-//! Under the export's routing lock ([`QueueRoutes`]), the queue's owner gets
+//! Under the export's routing lock (`QueueRoutes`), the queue's owner gets
 //! a [`Command::Handover`]: it stops popping the queue, waits for the requests
 //! it has in flight (their used entries published and the guest notified),
 //! turns guest notifications back on and sends the ring (the `Queue` with its
@@ -13,8 +13,6 @@
 //!
 //! A queue that is not running (no frontend, ring not started) just changes
 //! owner: it starts on T.
-//!
-//! [`QueueRoutes`]: crate::vhost_user::QueueRoutes
 
 use std::sync::mpsc::{sync_channel, RecvTimeoutError};
 use std::time::{Duration, Instant};

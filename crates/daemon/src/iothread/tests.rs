@@ -1700,7 +1700,7 @@ fn a_request_in_flight_when_logging_starts_is_marked_at_completion() {
     assert_eq!(log.marked(), sorted(want));
 }
 
-/// Issue 16: in steady state a request allocates nothing on the IOThread,
+/// In steady state a request allocates nothing on the IOThread,
 /// from pop to used entry (parsing, submission, completion, publish).
 #[test]
 fn requests_allocate_nothing_in_steady_state() {

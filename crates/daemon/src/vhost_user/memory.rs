@@ -83,12 +83,6 @@ pub enum RegionError {
         /// Size of the range.
         size: u64,
     },
-    /// More regions than the slots we advertise.
-    #[error("more than {max} memory regions")]
-    TooMany {
-        /// The limit (GET_MAX_MEM_SLOTS).
-        max: u64,
-    },
 }
 
 /// Whether a checked region's file is protected against shrinking.

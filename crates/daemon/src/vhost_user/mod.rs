@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 pub use connection::Connection;
 pub(crate) use session::wait_readable;
-pub use session::{serve_frontend, SessionEnd, MESSAGE_TIMEOUT};
+pub use session::{serve_frontend, SessionEnd};
 
 use crate::iothread::{BlockDevice, IoThreadHandle};
 use crate::mapping::VirtqueueMap;
