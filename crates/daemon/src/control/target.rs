@@ -72,10 +72,13 @@ pub struct QueueMoved {
     pub from: usize,
     /// The IOThread that owns it now.
     pub to: usize,
-    /// A running ring was handed over (false: only the mapping changed, or nothing).
+    /// A running ring was handed over (false: the ring was not started, or
+    /// `from == to`; only the mapping changed, or nothing).
     pub handed_over: bool,
-    /// Requests in flight on the queue when the move began.
+    /// Requests in flight on the queue when the move began, completed by
+    /// `from` before the ring left.
     pub drained: usize,
-    /// How long the queue was not popped, at most.
+    /// How long the queue was not popped, at most: from the handover
+    /// command to the ring being queued to `to` (which pops it at once).
     pub stall: Duration,
 }

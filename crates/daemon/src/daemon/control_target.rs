@@ -69,13 +69,7 @@ impl ControlTarget for DaemonState {
         iothread: usize,
     ) -> Result<QueueMoved, RpcError> {
         match DaemonState::move_queue(self, export, queue, iothread) {
-            Ok(m) => Ok(QueueMoved {
-                from: m.from,
-                to: m.to,
-                handed_over: m.handed_over,
-                drained: m.drained,
-                stall: m.stall,
-            }),
+            Ok(m) => Ok(m),
             Err(e @ MoveError::UnknownExport { .. }) => Err(RpcError::param("export", e)),
             Err(e @ MoveError::Queue { .. }) => Err(RpcError::param("queue", e)),
             Err(e @ MoveError::IoThread { .. }) => Err(RpcError::param("iothread", e)),

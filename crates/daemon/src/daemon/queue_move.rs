@@ -17,6 +17,8 @@
 use std::sync::mpsc::{sync_channel, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
+pub use crate::control::QueueMoved;
+
 use log::{info, warn};
 
 use super::{Daemon, DaemonState};
@@ -26,24 +28,6 @@ use crate::mapping::MapError;
 /// How long a move waits for the queue's in-flight requests: as long as
 /// GET_VRING_BASE does. Past it the move still completes, when they do.
 const MOVE_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// What a `queue-move` did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct QueueMoved {
-    /// The IOThread that owned the queue.
-    pub from: usize,
-    /// The IOThread that owns it now.
-    pub to: usize,
-    /// A running ring was handed over (false: the ring was not started, or
-    /// `from == to`; only the mapping changed, or nothing).
-    pub handed_over: bool,
-    /// Requests in flight on the queue when the move began, completed by
-    /// `from` before the ring left.
-    pub drained: usize,
-    /// How long the queue was not popped, at most: from the handover
-    /// command to the ring being queued to `to` (which pops it at once).
-    pub stall: Duration,
-}
 
 /// Why a `queue-move` was refused or did not finish. Each message names the
 /// parameter at fault.
