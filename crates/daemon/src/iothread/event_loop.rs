@@ -82,6 +82,9 @@ pub(super) struct IoThread {
     /// A queue was held back, became due or changed limits this pass: the
     /// timer is pointed at the earliest held queue at the end of the pass.
     timer_dirty: bool,
+    /// Held-back queues became due this pass: they are served longest held
+    /// first.
+    due: bool,
 }
 
 impl IoThread {
@@ -118,6 +121,7 @@ impl IoThread {
             throttle_timer,
             timer_at: 0,
             timer_dirty: false,
+            due: false,
         }
     }
 
@@ -202,6 +206,14 @@ impl IoThread {
             self.stats.passes.add(1);
             ready.sort_unstable();
             ready.dedup();
+            if std::mem::take(&mut self.due) {
+                // Queues of one throttle told the same time compete for the
+                // same credit: the one held longest asks first, so a queue
+                // that just got through (and popped its next request at
+                // once) does not win every round by its slot's place.
+                let queues = &self.queues;
+                ready.sort_by_key(|s| queues.get(*s).and_then(QueueSlot::held_since));
+            }
             sources.clear();
             if completed {
                 sources.push(SOURCE_COMPLETIONS);
@@ -297,6 +309,7 @@ impl IoThread {
             if q.held_until().is_some_and(|t| t <= now) {
                 ready.push(slot);
                 self.timer_dirty = true;
+                self.due = true;
             }
         }
     }

@@ -213,6 +213,11 @@ impl QueueSlot {
         self.held.as_ref().map(|h| h.until)
     }
 
+    /// Since when the head request has been held back (None: nothing held).
+    pub fn held_since(&self) -> Option<u64> {
+        self.held.as_ref().map(|h| h.since)
+    }
+
     /// Submits the held-back head at once, unthrottled: the queue is being
     /// released (GET_VRING_BASE, disconnect, `queue-move`, stop), and a drain
     /// never waits for the limits.
