@@ -55,7 +55,8 @@ pub enum Popped {
 /// yet. It stays the queue's head: nothing behind it is popped before it
 /// goes, so the queue's requests keep their order.
 struct Held {
-    req: Request,
+    /// As parsed (a throttle holds back well-formed reads and writes only).
+    parsed: Result<Request, Rejected>,
     /// When to ask the throttle again (CLOCK_MONOTONIC ns).
     until: u64,
     /// When it was first held back (CLOCK_MONOTONIC ns), for `throttled_ns`.
@@ -82,37 +83,29 @@ fn throttled_as(op: &Operation) -> Option<(Direction, u64)> {
     }
 }
 
-/// What `throttle` does with a request just popped: Ok(held) if it must
-/// wait (counted), Err gives the request back, admitted and accounted (or not
-/// throttled). Off the unthrottled path, which only tests for a throttle.
+/// Whether `throttle` holds back a request just popped: Some(until, now)
+/// if it must wait (counted), None if it may go (admitted and accounted, or
+/// not throttled). Off the unthrottled path, which only tests for a throttle.
 #[inline(never)]
-fn hold_back(
+fn must_wait(
     throttle: &SharedThrottle,
     counters: &QueueCounters,
-    parsed: Result<Request, Rejected>,
-) -> Result<Held, Result<Request, Rejected>> {
-    let req = match parsed {
-        Ok(req) => req,
-        Err(rej) => return Err(Err(rej)),
-    };
+    parsed: &Result<Request, Rejected>,
+) -> Option<(u64, u64)> {
     let now = throttle_clock();
-    match admission(throttle, &req, now) {
-        None => Err(Ok(req)),
-        Some(until) => {
-            counters.throttled.add(1);
-            Ok(Held {
-                req,
-                until,
-                since: now,
-            })
-        }
-    }
+    let until = admission(throttle, parsed, now)?;
+    counters.throttled.add(1);
+    Some((until, now))
 }
 
-/// Asks `throttle` for `req`: None if it may go (accounted), or the time to
-/// ask again.
-fn admission(throttle: &SharedThrottle, req: &Request, now_ns: u64) -> Option<u64> {
-    let (dir, bytes) = throttled_as(&req.op)?;
+/// Asks `throttle` for a parsed request: None if it may go (accounted; a
+/// rejected request is not throttled), or the time to ask again.
+fn admission(
+    throttle: &SharedThrottle,
+    parsed: &Result<Request, Rejected>,
+    now_ns: u64,
+) -> Option<u64> {
+    let (dir, bytes) = throttled_as(&parsed.as_ref().ok()?.op)?;
     match throttle.admit(dir, bytes, now_ns) {
         Admission::Go => None,
         Admission::WaitUntil(t) => Some(t),
@@ -239,7 +232,7 @@ impl QueueSlot {
         now: u64,
     ) {
         self.counters.throttled_ns.add(now.saturating_sub(h.since));
-        exec.execute(id, Ok(h.req), mem, &self.device);
+        exec.execute(id, h.parsed, mem, &self.device);
     }
 
     /// Switches dirty logging on (Some) or off (None).
@@ -479,7 +472,7 @@ impl QueueSlot {
             match self
                 .throttle
                 .as_deref()
-                .and_then(|t| admission(t, &h.req, now))
+                .and_then(|t| admission(t, &h.parsed, now))
             {
                 Some(until) => {
                     self.held = Some(Held { until, ..h });
@@ -567,19 +560,18 @@ impl QueueSlot {
                 // rather than by the popped chain: its descriptor reads go
                 // through `SmallAccess`, the one-region fast path, where
                 // virtio-queue's go through vm-memory's generic accessor.
-                let mut parsed =
-                    request::parse_head(&**mem, table, size, head, &self.device.limits);
+                let parsed = request::parse_head(&**mem, table, size, head, &self.device.limits);
                 // Popped, so in flight (and in the inflight record) from
                 // here, whether it runs now or is held back.
                 self.inflight += 1;
                 if let Some(throttle) = &self.throttle {
-                    match hold_back(throttle, &self.counters, parsed) {
-                        Ok(held) => {
-                            let until = held.until;
-                            self.held = Some(held);
-                            return Popped::Held(until);
-                        }
-                        Err(p) => parsed = p,
+                    if let Some((until, since)) = must_wait(throttle, &self.counters, &parsed) {
+                        self.held = Some(Held {
+                            parsed,
+                            until,
+                            since,
+                        });
+                        return Popped::Held(until);
                     }
                 }
                 exec.execute(id, parsed, mem, &self.device);
