@@ -14,12 +14,16 @@ Subcommands:
   fairness  a victim export's latency next to a flooding export on one IOThread
   rbd       vqblk's rbd backend against qemu-storage-daemon's and native
             librbd, on a throw-away local Ceph cluster
+  qos       I/O limits: measured rates against the limits, bursts second by
+            second beside qemu-storage-daemon, a throttle group of three, CPU
+            per I/O at a limit
 
 `scripts/bench.py SUBCOMMAND --help` lists each one's options. Every
 subcommand builds `target/release/vqblk` if it is missing.
 """
 import argparse
 import json
+import math
 import os
 import shlex
 import subprocess
@@ -29,8 +33,8 @@ import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchlib  # noqa: E402
-from benchlib import (ROOT, cacheline_rtt, ensure_tools, make_image, median_of, run_bench,  # noqa: E402
-                      start_qsd, start_vqblk, stop, versions, wait_socket)
+from benchlib import (ROOT, cacheline_rtt, client_seconds, ensure_tools, make_image, median_of,  # noqa: E402
+                      qsd_throttle_args, run_bench, start_qsd, start_vqblk, stop, versions, wait_socket)
 
 SERVE_HELP = """vqblk serve against qemu-storage-daemon, same client, same run.
 
@@ -589,6 +593,166 @@ def rbd(a):
                        "osd_options": a.osd_option, "results": results}, f, indent=2)
 
 
+QOS_HELP = """I/O limits (docs/qos.md): what vqblk lets through against what it was told.
+
+Tables (--tables, comma-separated):
+  limits  `vqblk serve --throttle KEY=LIMIT` for each of --limits, on each of
+          --backends (null:NS is a null export with that latency, file an
+          O_DIRECT raw image): iops-* limits with 4k random I/O at QD32, bps-*
+          limits with requests of about a hundredth of the limit (4k to 1M) at
+          QD8, reads unless the key is a write limit; the measured rate over
+          --runtime seconds (after the client's 1 s ramp) and its error
+  burst   the requests completed each second under --burst (a burst:
+          KEY-max and KEY-max-length) by vqblk and by qemu-storage-daemon with
+          the same throttle-group settings (a throttle node over null-co),
+          side by side, and their difference second by second: the client
+          runs --burst-seconds back-to-back 1 s runs at QD32 (one connection
+          each; neither server counts per node, so the series is the
+          client's, the same for both)
+  group   three null exports in one [[throttle-group]] with --group-limit,
+          driven at once (QD16 each): each one's rate and their sum
+  cpu     the server's CPU per I/O at a limit (null, QD16, iops-total=N for
+          each of --cpu-iops) beside unthrottled at about the same rate (null
+          with a latency of 1/N s at QD1)
+
+Figures, not pass/fail: the targets are in docs/qos.md.
+"""
+
+
+def bs_for(limit_bytes):
+    """A request size for a bytes-per-second limit: about a hundred requests a
+    second, a power of two from 4k to 1M."""
+    return max(4096, min(1 << 20, 2 ** int(math.log2(max(1, limit_bytes // 100)))))
+
+
+def qos_limits(a, work):
+    image = os.path.join(work, "disk.raw")
+    sock = os.path.join(work, "v.sock")
+    rows = []
+    for backend in a.backends.split(","):
+        if backend == "file":
+            make_image(image, 256)
+        for spec in a.limits.split(","):
+            key, _, value = spec.partition("=")
+            limit = int(value)
+            by_bytes = key.startswith("bps")
+            bs, depth = (bs_for(limit), 8) if by_bytes else (4096, 32)
+            rw = "randwrite" if "write" in key else "randread"
+            proc = start_vqblk(backend, image, sock, extra=["--throttle", spec])
+            try:
+                wait_socket(sock, proc)
+                r = run_bench(f"unix:{sock}", depth, a.runtime, proc.pid, rw=rw, bs=str(bs))
+            finally:
+                stop(proc)
+            got = r["iops"] * bs if by_bytes else r["iops"]
+            rows.append({"backend": backend, "limit": spec, "bs": bs, "depth": depth, "measured": got,
+                         "error_pct": (got - limit) / limit * 100, "server_cpu_us_per_io":
+                         r.get("server_cpu_us_per_io", 0.0)})
+            print(f"{backend} {spec}: {got:.0f} ({rows[-1]['error_pct']:+.2f}%)", flush=True)
+    print("\n| backend | limit | request | QD | measured | error | server CPU per I/O (us) |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['backend']} | {r['limit']} | {r['bs']} | {r['depth']} | {r['measured']:.0f} | "
+              f"{r['error_pct']:+.2f}% | {r['server_cpu_us_per_io']:.2f} |")
+    return rows
+
+
+def qos_burst(a, work):
+    sock = os.path.join(work, "b.sock")
+    series = {}
+    for server in ["vqblk", "qemu-storage-daemon"]:
+        if server == "vqblk":
+            proc = start_vqblk("null", None, sock, extra=["--throttle", a.burst])
+        else:
+            thr, nodes = qsd_throttle_args(a.burst)
+            proc = subprocess.Popen([
+                "qemu-storage-daemon",
+                "--blockdev", "driver=null-co,node-name=disk,size=1073741824,read-zeroes=on", *thr,
+                "--object", "iothread,id=iot0",
+                "--export", f"type=vhost-user-blk,id=exp0,node-name={nodes[0]},addr.type=unix,"
+                            f"addr.path={sock},writable=on,num-queues=1,iothread=iot0",
+            ], stdout=subprocess.DEVNULL)
+        try:
+            wait_socket(sock, proc)
+            series[server] = client_seconds(f"unix:{sock}", a.burst_seconds)
+        finally:
+            stop(proc)
+    v, q = series["vqblk"], series["qemu-storage-daemon"]
+    print(f"\nrequests completed in each 1 s client run under {a.burst} (4k randread QD32)")
+    print("| second | vqblk | qemu-storage-daemon | difference |")
+    print("|---|---|---|---|")
+    for i, (x, y) in enumerate(zip(v, q)):
+        diff = f"{(x - y) / y * 100:+.1f}%" if y else "-"
+        print(f"| {i + 1} | {x} | {y} | {diff} |")
+    return series
+
+
+def qos_group(a, work):
+    cfg = os.path.join(work, "group.toml")
+    names = ["a", "b", "c"]
+    with open(cfg, "w") as f:
+        f.write(f'[iothreads]\ncount = 2\n\n[[throttle-group]]\nname = "g"\n{a.group_limit.replace(",", chr(10))}\n')
+        for n in names:
+            f.write(f'\n[[export]]\nname = "{n}"\nbackend = "null"\nsize = "1G"\n'
+                    f'socket = "{work}/{n}.sock"\nthrottle-group = "g"\n')
+    proc = subprocess.Popen([benchlib.VQBLK, "serve", "--config", cfg, "--log-level", "warn"],
+                            stdout=subprocess.DEVNULL)
+    res = {}
+    try:
+        for n in names:
+            wait_socket(f"{work}/{n}.sock", proc)
+
+        def one(n):
+            res[n] = run_bench(f"unix:{work}/{n}.sock", 16, a.runtime)["iops"]
+
+        threads = [threading.Thread(target=one, args=(n,)) for n in names]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        stop(proc)
+    limit = float(a.group_limit.split("=")[1].split(",")[0])
+    total = sum(res.values())
+    print(f"\ngroup {a.group_limit}: " + ", ".join(f"{n} {res[n]:.0f}" for n in names)
+          + f", sum {total:.0f} IOPS ({(total - limit) / limit * 100:+.2f}% against the limit)")
+    return res
+
+
+def qos_cpu(a, work):
+    sock = os.path.join(work, "c.sock")
+    rows = []
+    for n in [int(x) for x in a.cpu_iops.split(",")]:
+        for label, backend, extra, depth in [("at the limit", "null", ["--throttle", f"iops-total={n}"], 16),
+                                             ("unthrottled", f"null:{10 ** 9 // n}", [], 1)]:
+            proc = start_vqblk(backend, None, sock, extra=extra)
+            try:
+                wait_socket(sock, proc)
+                r = run_bench(f"unix:{sock}", depth, a.runtime, proc.pid)
+            finally:
+                stop(proc)
+            rows.append((n, label, r["iops"], r["server_cpu_us_per_io"]))
+    print("\n| limit (IOPS) | server | measured IOPS | server CPU per I/O (us) |")
+    print("|---|---|---|---|")
+    for n, label, iops, cpu in rows:
+        print(f"| {n} | {label} | {iops:.0f} | {cpu:.2f} |")
+    return rows
+
+
+def qos(a):
+    tables = a.tables.split(",")
+    ensure_tools(qsd="burst" in tables)
+    benchlib.VQBLK = a.vqblk
+    work = tempfile.mkdtemp(prefix="bench-qos-", dir=os.path.join(ROOT, "target"))
+    out = {"versions": versions()}
+    for name, func in [("limits", qos_limits), ("burst", qos_burst), ("group", qos_group), ("cpu", qos_cpu)]:
+        if name in tables:
+            out[name] = func(a, work)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(out, f, indent=1, default=str)
+
+
 def parser():
     raw = argparse.RawDescriptionHelpFormatter
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
@@ -655,6 +819,19 @@ def parser():
     p.add_argument("--variant", action="append", default=[],
                    help="another vqblk server with extra flags, as LABEL:FLAGS "
                         "(e.g. 'poll-off:--poll off'); repeatable")
+
+    p = command("qos", QOS_HELP, qos, 10, 1)
+    p.add_argument("--tables", default="limits,burst,group,cpu")
+    p.add_argument("--backends", default="null:100000,file", help="limits table: null:NS and/or file")
+    p.add_argument("--limits", default="iops-total=100,iops-total=1000,iops-total=10000,iops-total=100000,"
+                                       "bps-total=1000000,bps-total=10000000,bps-total=100000000,"
+                                       "bps-total=1000000000",
+                   help="limits table: KEY=VALUE,... one cell each")
+    p.add_argument("--burst", default="iops-total=200,iops-total-max=1000,iops-total-max-length=5",
+                   help="burst table: the limits of both servers")
+    p.add_argument("--burst-seconds", type=int, default=20)
+    p.add_argument("--group-limit", default="iops-total=3000", help="group table: the group's limits")
+    p.add_argument("--cpu-iops", default="1000,10000", help="cpu table: the limits")
     return ap
 
 

@@ -238,3 +238,28 @@ def stop(proc):
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def qsd_throttle_args(limits, nodes=("disk",)):
+    """qemu-storage-daemon arguments putting the nodes `nodes` behind one
+    throttle group with `limits` ("iops-total=100,iops-total-max=500"):
+    returns (args, exported node names)."""
+    opts = ",".join(f"limits.{kv}" for kv in limits.split(",") if kv)
+    args = ["--object", f"throttle-group,id=tg0,{opts}"]
+    for n in nodes:
+        args += ["--blockdev", f"driver=throttle,node-name=thr-{n},throttle-group=tg0,file={n}"]
+    return args, [f"thr-{n}" for n in nodes]
+
+
+
+def client_seconds(target, seconds, iodepth=32):
+    """Requests a client completes in each of `seconds` back-to-back 1 s runs
+    (4k random reads; a fresh connection each second, so the server's limits
+    carry over and the client's series is the same kind for every server)."""
+    out = []
+    for _ in range(seconds):
+        proc = subprocess.run([VQBLK, "bench", "--name", "s", "--target", target, "--rw", "randread", "--bs", "4k",
+                               "--iodepth", str(iodepth), "--runtime", "1", "--time_based", "--size", "256M",
+                               "--output-format", "json"], capture_output=True, text=True, check=True)
+        out.append(json.loads(proc.stdout)["jobs"][0]["read"]["total_ios"])
+    return out

@@ -50,6 +50,11 @@
 #                          vqblk.blocks 4 KiB O_DIRECT blocks each (QD16); reports
 #                          irq_requests, irq_interrupts (the device's virtio
 #                          request vectors) and irq_centiseconds
+#   vqblk.mode=paced       I/O under a daemon's limit (tests/guest_e2e.rs): 4
+#                          readers of 4 KiB O_DIRECT blocks for vqblk.seconds;
+#                          a failed read (an I/O error, not a slow one) fails
+#                          the run; reports paced_reads (the device's completed
+#                          reads) and paced_centiseconds
 #   vqblk.read_mib=M       migrate mode: also a reader reads the M MiB at
 #   vqblk.read_off_mib=O   offset O MiB over and over with O_DIRECT (dd | awk) and
 #                          checks that every sector holds "VQBLK-RD k=K s=S|" (the
@@ -653,6 +658,39 @@ irq)
     fact_num irq_interrupts "$irq"
     fact_num irq_centiseconds $(( t1 - t0 ))
     log "irq: $irq interrupts for $req reads in $(( t1 - t0 ))0 ms"
+    ;;
+paced)
+    # As many reads as the daemon lets through: 4 readers at QD1 each, 8
+    # blocks per dd, until vqblk.seconds have passed.
+    reads() { read -r r _ < "$SYS/stat"; echo "$r"; }
+    r0=$(reads); t0=$(cs); end=$(( t0 + P_SECONDS * 100 ))
+    blocks=$(( SIZE / 8 ))
+    n=0; pids=
+    while [ "$n" -lt 4 ]; do
+        (
+            k=0
+            while [ "$(cs)" -lt "$end" ]; do
+                # shellcheck disable=SC2086
+                dd if="$DEV" of=/dev/null bs=4096 count=8 \
+                    skip=$(( (n * blocks / 4 + k * 8) % (blocks - 8) )) $DIRECT_IN 2>/dev/null || exit 1
+                k=$((k + 1))
+            done
+        ) &
+        pids="$pids $!"
+        n=$((n + 1))
+    done
+    failed=0
+    for p in $pids; do
+        wait "$p" || failed=$((failed + 1))
+    done
+    t1=$(cs); r1=$(reads)
+    [ "$failed" = 0 ] || fail "paced: $failed of 4 readers saw a failed read"
+    if dmesg 2>/dev/null | grep -q "I/O error"; then
+        fail "paced: the kernel logged an I/O error"
+    fi
+    fact_num paced_reads $(( r1 - r0 ))
+    fact_num paced_centiseconds $(( t1 - t0 ))
+    log "paced: $(( r1 - r0 )) reads in $(( t1 - t0 ))0 ms"
     ;;
 read-verify)
     if [ $(( NEED / 512 )) -gt "$SIZE" ]; then

@@ -14,7 +14,9 @@ use vqblk_daemon::control::client::ControlClient;
     --export db --queue 3 --iothread 1, --name db --force. A value is a number, true/false \
     or text; a flag without a value is true; --params '{...}' passes a JSON object \
     (e.g. export-add's iothread-vq-mapping).\n\nMethods: query-iothreads, query-exports, \
-    iothread-set, export-add, export-del, stats-reset, queue-move."
+    iothread-set, export-add, export-del, stats-reset, queue-move, block_set_io_throttle \
+    (--export db --iops-total 2000 --bps-total 200000000, or --group NAME; no limit clears), \
+    throttle-group-set (--name NAME and limits), query-throttle-groups."
 )]
 pub struct CtlArgs {
     /// The daemon's control socket (`vqblk serve --control PATH`).
@@ -141,6 +143,26 @@ fn mib(v: &Value) -> String {
     format!("{:.1}", v.as_f64().unwrap_or(0.0) / (1 << 20) as f64)
 }
 
+/// Limits as `key=value,...` ("-": none).
+fn key_values(v: &Value) -> String {
+    match v.as_object() {
+        Some(o) if !o.is_empty() => o
+            .iter()
+            .map(|(k, v)| format!("{k}={}", text(v)))
+            .collect::<Vec<_>>()
+            .join(","),
+        _ => "-".into(),
+    }
+}
+
+/// An export's limits column: its own, or its group's name.
+fn limits(e: &Value) -> String {
+    match &e["throttle-group"] {
+        Value::String(g) => format!("group {g}"),
+        _ => key_values(&e["throttle"]),
+    }
+}
+
 /// The human form of a method's result.
 pub fn render(method: &str, result: &Value) -> String {
     let empty = Vec::new();
@@ -221,6 +243,8 @@ pub fn render(method: &str, result: &Value) -> String {
                         text(&q["errors"]),
                         mib(&q["bytes-read"]),
                         mib(&q["bytes-written"]),
+                        text(&q["throttled"]),
+                        limits(e),
                         text(&e["socket"]),
                     ]);
                 }
@@ -236,10 +260,25 @@ pub fn render(method: &str, result: &Value) -> String {
                     "ERRORS",
                     "READ-MIB",
                     "WRITE-MIB",
+                    "THROTTLED",
+                    "LIMITS",
                     "SOCKET",
                 ],
                 &rows,
             )
+        }
+        "query-throttle-groups" => {
+            let rows: Vec<Vec<String>> = list
+                .iter()
+                .map(|g| {
+                    vec![
+                        text(&g["name"]),
+                        key_values(&g["limits"]),
+                        text(&g["members"]),
+                    ]
+                })
+                .collect();
+            table(&["GROUP", "LIMITS", "MEMBERS"], &rows)
         }
         _ => match result {
             Value::Object(o) if o.is_empty() => "ok\n".into(),
@@ -282,5 +321,10 @@ mod tests {
         assert_eq!(t, "A    LONGER\nxyz       7\n");
         assert_eq!(render("stats-reset", &json!({})), "ok\n");
         assert_eq!(render("export-add", &json!({"name": "d"})), "name: d\n");
+        let groups = json!([{"name": "g", "limits": {"iops-total": 5}, "members": ["a", "b"]}]);
+        assert_eq!(
+            render("query-throttle-groups", &groups),
+            "GROUP  LIMITS        MEMBERS\ng      iops-total=5  a,b\n"
+        );
     }
 }

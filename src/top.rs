@@ -84,6 +84,8 @@ struct QueueRow {
     iops: f64,
     mbps: f64,
     errors: u64,
+    /// Requests held back by the I/O limits, per second.
+    throttled: f64,
     connected: bool,
 }
 
@@ -130,6 +132,7 @@ fn rows(old: &Sample, new: &Sample, sort: Sort) -> (Vec<ThreadRow>, Vec<QueueRow
                 iops: delta(o, q, "requests") / dt,
                 mbps: (delta(o, q, "bytes-read") + delta(o, q, "bytes-written")) / dt / 1e6,
                 errors: q["errors"].as_u64().unwrap_or(0),
+                throttled: delta(o, q, "throttled") / dt,
                 connected: e["connected"] == Value::Bool(true),
             });
         }
@@ -187,20 +190,21 @@ fn screen(
     }
     lines.push(String::new());
     lines.push(format!(
-        "{:<20} {:>3} {:>8} {:>7} {:>7}  {:<4}",
-        "EXPORT/QUEUE", "IOT", "IOPS", "MB/s", "ERRORS", "CONN"
+        "{:<20} {:>3} {:>8} {:>7} {:>7} {:>7}  {:<4}",
+        "EXPORT/QUEUE", "IOT", "IOPS", "MB/s", "ERRORS", "THROT/s", "CONN"
     ));
     for q in queues {
         if lines.len() >= height {
             break;
         }
         lines.push(format!(
-            "{:<20} {:>3} {:>8.0} {:>7.1} {:>7}  {:<4}",
+            "{:<20} {:>3} {:>8.0} {:>7.1} {:>7} {:>7.0}  {:<4}",
             q.name,
             q.iothread,
             q.iops,
             q.mbps,
             q.errors,
+            q.throttled,
             if q.connected { "yes" } else { "no" }
         ));
     }
@@ -387,7 +391,7 @@ mod tests {
                 {"queue": 0, "iothread": 0, "requests": requests, "bytes-read": 0,
                  "bytes-written": 0, "errors": 0},
                 {"queue": 1, "iothread": 1, "requests": q1, "bytes-read": 0,
-                 "bytes-written": 0, "errors": 2}]})],
+                 "bytes-written": 0, "errors": 2, "throttled": q1 / 2}]})],
         }
     }
 
@@ -403,6 +407,7 @@ mod tests {
         assert_eq!(threads[1].hit_pct, None);
         assert!((threads[0].mbps - 1000.0 * 4096.0 / 1e6).abs() < 1e-6);
         assert_eq!((queues[1].iops, queues[1].errors), (50.0, 2));
+        assert_eq!(queues[1].throttled, 25.0, "held back per second");
         let (threads, _) = rows(&old, &new, Sort::Cpu);
         assert_eq!(threads[0].id, 1, "IOThread 1 used more CPU");
         let (threads, queues) = rows(&old, &new, Sort::Iops);

@@ -1343,3 +1343,52 @@ fn guest_interrupts_per_request_at_qd16() {
     print_stats("final", &fin);
     case.done();
 }
+
+/// A guest under a 200 IOPS limit (`--throttle iops-total=200`) for 30 s:
+/// its reads are slow, never failed or timed out (no I/O error in the guest),
+/// and it gets about the limit.
+#[test]
+fn guest_io_under_a_200_iops_limit() {
+    let case = Case::new("throttle");
+    let (image, sock) = (case.dir.join("unused.raw"), case.dir.join("vqblk.sock"));
+    let serial = "VQBLK-E2E-QOS";
+    let o = DaemonOpts {
+        queues: 2,
+        iothreads: 2,
+        create: false,
+        ..DaemonOpts::rw4(&image, &sock, serial)
+    };
+    let d = Daemon::start_with(
+        &case,
+        "vqblk",
+        &o,
+        &[
+            "--backend",
+            "null",
+            "--size",
+            "256M",
+            "--throttle",
+            "iops-total=200",
+        ],
+    );
+    let append = format!(
+        "vqblk.mode=paced vqblk.seconds=30 vqblk.queues=2 vqblk.serial={serial} \
+         vqblk.capacity_sectors={} vqblk.logical_block_size=512",
+        256 * MIB / 512
+    );
+    let r = Guest::spawn(&case, "guest", &sock, &GuestOpts::new(2, 2, &append)).expect_ok(&case);
+    let reads = r["paced_reads"].as_u64().unwrap_or(0) as f64;
+    let secs = r["paced_centiseconds"].as_u64().unwrap_or(0) as f64 / 100.0;
+    case.check(secs >= 29.0, || format!("the guest ran {secs} s: {r}"));
+    let iops = reads / secs.max(1.0);
+    eprintln!("[e2e]   {reads} reads in {secs:.1} s under a 200 IOPS limit: {iops:.1} IOPS");
+    case.check((170.0..=230.0).contains(&iops), || {
+        format!("{iops:.1} IOPS under a 200 IOPS limit: {r}")
+    });
+    let fin = d.term(&case);
+    print_stats("final", &fin);
+    case.check(total(&fin, "throttled") > 1000, || {
+        format!("the daemon held requests back: {fin}")
+    });
+    case.done();
+}

@@ -16,7 +16,8 @@ mod qos;
 pub use iothreads::{IoThreadConfig, IoThreadsConfig, PollConfig, DEFAULT_POLL_MODE};
 use qos::export_limits;
 pub use qos::{
-    check_shared_qos, ThrottleGroupConfig, ThrottleGroupPlan, MAX_RESERVED_IOPS, MAX_WEIGHT,
+    check_shared_qos, is_group_name, ThrottleGroupConfig, ThrottleGroupPlan, MAX_RESERVED_IOPS,
+    MAX_WEIGHT,
 };
 
 /// Largest number of virtqueues per export (the virtio-blk `num_queues` is a u16,

@@ -32,6 +32,10 @@ use crate::virtio::{BlkGeometry, SECTOR_SIZE};
 
 mod control_target;
 pub mod queue_move;
+mod throttle;
+
+pub use throttle::ExportLimits;
+use throttle::LiveGroup;
 
 /// Largest data segment we accept (virtio-blk `size_max`).
 pub const SIZE_MAX: u32 = 4 << 20;
@@ -96,6 +100,8 @@ pub(crate) struct ExportRunner {
     pub(crate) shared: Weak<ExportShared>,
     /// The disk, for the final fsync (and its size).
     pub(crate) device: Arc<BlockDevice>,
+    /// The I/O limits its requests draw on (changed live).
+    pub(crate) limits: ExportLimits,
     /// A frontend is connected.
     pub(crate) connected: Arc<AtomicBool>,
     /// Ends this export's control thread (its frontend is drained first).
@@ -163,6 +169,9 @@ pub(crate) struct DaemonState {
     pub(crate) info: Vec<IoThreadInfo>,
     /// The running exports, in the order they were added.
     pub(crate) exports: Mutex<Vec<ExportRunner>>,
+    /// The throttle groups (`[[throttle-group]]`, `throttle-group-set`).
+    /// Taken after `exports` when both are.
+    pub(crate) groups: Mutex<Vec<LiveGroup>>,
     seccomp: SeccompMode,
     /// Index of the next export (never reused: it keys queues in the IOThreads).
     next_index: AtomicUsize,
@@ -192,6 +201,14 @@ impl DaemonState {
     pub(crate) fn add_export(&self, config: &ExportConfig) -> Result<String, DaemonError> {
         let plan = crate::config::validate_export(0, config, self.iothreads.len())
             .map_err(|e| ConfigError::new(e.field.trim_start_matches("export[0]."), e.message))?;
+        if let Some(g) = config
+            .throttle_group
+            .as_deref()
+            .filter(|g| !self.has_group(g))
+        {
+            let m = format!("{g:?} is not a throttle group (throttle-group-set creates one)");
+            return Err(ConfigError::new("throttle-group", m).into());
+        }
         {
             let exports = self.exports.lock().unwrap();
             if exports.iter().any(|e| e.name == plan.name) {
@@ -206,8 +223,11 @@ impl DaemonState {
         let disk = open_disk(&plan)?;
         let index = self.next_index.fetch_add(1, Ordering::Relaxed);
         let name = plan.name.clone();
+        // Under the exports lock: a throttle group that changes meanwhile
+        // finds the export among its members.
+        let mut exports = self.exports.lock().unwrap();
         let runner = self.start_export(index, plan, disk)?;
-        self.exports.lock().unwrap().push(runner);
+        exports.push(runner);
         Ok(name)
     }
 
@@ -259,6 +279,13 @@ impl DaemonState {
         let serial = c.serial.as_deref().unwrap_or(&plan.name);
         let (size, read_only) = (disk.size(), disk.read_only());
         let device = Arc::new(BlockDevice::new(plan.name.clone(), disk, limits, serial));
+        // Before the export's socket exists: its first queues attach with it.
+        let qos = match (&plan.throttle, &c.throttle_group) {
+            (Some(l), _) => ExportLimits::Own(*l),
+            (None, Some(g)) => ExportLimits::Group(g.clone()),
+            (None, None) => ExportLimits::Unlimited,
+        };
+        device.set_throttle(self.initial_throttle(&qos));
         let shared = Arc::new(ExportShared {
             index,
             geometry,
@@ -318,6 +345,7 @@ impl DaemonState {
             socket_id,
             shared: weak,
             device,
+            limits: qos,
             connected,
             stop,
             control: Some(control),
@@ -421,10 +449,16 @@ impl Daemon {
                 },
             )?);
         }
+        let groups = config
+            .throttle_group_plans()?
+            .into_iter()
+            .map(|g| LiveGroup::new(g.name, g.limits))
+            .collect();
         let state = Arc::new(DaemonState {
             iothreads: Arc::new(threads),
             info,
             exports: Mutex::new(Vec::new()),
+            groups: Mutex::new(groups),
             seccomp,
             next_index: AtomicUsize::new(plans.len()),
         });

@@ -318,6 +318,28 @@ pub fn render(iothreads: &[IoThreadSnapshot]) -> String {
         errors,
     );
     f.add(
+        "vqblk_queue_throttled_requests_total",
+        "Requests held back by the export's I/O limits (or its throttle group's) \
+         before they ran (docs/qos.md).",
+        COUNTER,
+        by_queue(&|q| q.throttled, false),
+    );
+    f.add(
+        "vqblk_queue_throttled_seconds_total",
+        "Time requests spent held back by the I/O limits, summed over the requests.",
+        COUNTER,
+        queues()
+            .map(|(q, id, queue)| {
+                let l = [
+                    ("export", q.export.as_str()),
+                    ("queue", &queue),
+                    ("iothread", id),
+                ];
+                counter(&l, q.throttled_ns as f64 / 1e9)
+            })
+            .collect(),
+    );
+    f.add(
         "vqblk_requests_in_flight",
         "Requests popped from the ring and not completed yet.",
         GAUGE,

@@ -204,6 +204,12 @@ pub struct QueueCounters {
     pub bytes_written: Counter,
     /// Requests popped from the ring (in flight: popped minus `requests`).
     pub popped: Counter,
+    /// Requests held back by the export's I/O limits (docs/qos.md): popped,
+    /// then kept until the throttle admitted them.
+    pub throttled: Counter,
+    /// Time requests spent held back by the I/O limits, ns (summed over the
+    /// requests held).
+    pub throttled_ns: Counter,
     /// Requests completed with an error, by [`ErrorKind`] (in the order of
     /// [`ErrorKind::ALL`]).
     pub errors_by_kind: [Counter; ErrorKind::ALL.len()],
@@ -322,6 +328,8 @@ impl IoThreadStats {
                     bytes_written: c.bytes_written.get(),
                     popped,
                     in_flight: popped.saturating_sub(requests),
+                    throttled: c.throttled.get(),
+                    throttled_ns: c.throttled_ns.get(),
                     errors_by_kind: ErrorKind::ALL
                         .iter()
                         .map(|&k| (k.label().to_string(), c.errors_by_kind[k as usize].get()))
@@ -414,6 +422,12 @@ pub struct QueueSnapshot {
     /// Requests popped and not completed yet.
     #[serde(default)]
     pub in_flight: u64,
+    /// Requests held back by the I/O limits.
+    #[serde(default)]
+    pub throttled: u64,
+    /// Time requests spent held back by the I/O limits, ns.
+    #[serde(default)]
+    pub throttled_ns: u64,
     /// Requests completed with an error, by kind ([`ErrorKind::label`]).
     #[serde(default)]
     pub errors_by_kind: BTreeMap<String, u64>,
@@ -608,7 +622,14 @@ mod tests {
         assert_eq!(qs.errors_by_kind.len(), ErrorKind::ALL.len());
         // Older stats files (without the new fields) still read back.
         let mut v = serde_json::to_value(qs).unwrap();
-        for f in ["popped", "in_flight", "errors_by_kind", "latency"] {
+        for f in [
+            "popped",
+            "in_flight",
+            "throttled",
+            "throttled_ns",
+            "errors_by_kind",
+            "latency",
+        ] {
             v.as_object_mut().unwrap().remove(f);
         }
         let old: QueueSnapshot = serde_json::from_value(v).unwrap();

@@ -104,7 +104,7 @@ pub struct ThrottleGroupPlan {
 
 /// Whether `name` is a well-formed group name: a letter, then letters, digits,
 /// `-`, `.` or `_` (QEMU's rule for object ids).
-fn is_group_name(name: &str) -> bool {
+pub fn is_group_name(name: &str) -> bool {
     let mut chars = name.chars();
     chars.next().is_some_and(|c| c.is_ascii_alphabetic())
         && chars.all(|c| c.is_ascii_alphanumeric() || "-._".contains(c))

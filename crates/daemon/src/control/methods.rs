@@ -11,6 +11,9 @@
 //! | `export-del` | `name`, `force` (default false) | `{}` |
 //! | `stats-reset` | none | `{}`: query-* count from now on |
 //! | `queue-move` | `export`, `queue`, `iothread` | `{}` |
+//! | `block_set_io_throttle` | `export`, the limit keys of `[export.throttle]` (all 0 or absent: none), or `group` | `{}` |
+//! | `throttle-group-set` | `name`, the limit keys | `{}`: the group is created or changed, its members follow |
+//! | `query-throttle-groups` | none | per group: name, limits, members |
 
 use std::sync::Arc;
 
@@ -19,6 +22,7 @@ use serde_json::{json, Map, Value};
 use super::{code, ControlTarget, RpcError};
 use crate::config::{BackendKind, ExportConfig};
 use crate::poll::{PollMode, PollParams};
+use crate::qos::{ThrottleConfig, ThrottleLimits};
 use crate::stats::{DaemonSnapshot, IoThreadSnapshot};
 
 /// The methods the control socket knows.
@@ -30,6 +34,9 @@ pub const METHODS: &[&str] = &[
     "export-del",
     "stats-reset",
     "queue-move",
+    "block_set_io_throttle",
+    "throttle-group-set",
+    "query-throttle-groups",
 ];
 
 /// The named parameters of one request, taken one by one; whatever is left
@@ -145,6 +152,43 @@ impl Methods {
                 Ok(json!({}))
             }
             "queue-move" => self.queue_move(p),
+            "block_set_io_throttle" => {
+                let export = p.req_str("export")?;
+                let group = p.str("group")?;
+                let limits = throttle_limits(p)?;
+                if group.is_some() && limits.is_enabled() {
+                    return Err(RpcError::param(
+                        "group",
+                        "cannot be combined with limits: the export takes the group's \
+                         (throttle-group-set changes them)",
+                    ));
+                }
+                self.state
+                    .set_io_throttle(&export, limits, group.as_deref())?;
+                Ok(json!({}))
+            }
+            "throttle-group-set" => {
+                let name = p.req_str("name")?;
+                let limits = throttle_limits(p)?;
+                self.state.set_throttle_group(&name, limits)?;
+                Ok(json!({}))
+            }
+            "query-throttle-groups" => {
+                p.finish(method)?;
+                let groups: Vec<Value> = self
+                    .state
+                    .throttle_groups()
+                    .iter()
+                    .map(|g| {
+                        json!({
+                            "name": g.name,
+                            "limits": limits_json(&g.limits),
+                            "members": g.members,
+                        })
+                    })
+                    .collect();
+                Ok(Value::Array(groups))
+            }
             _ => Err(RpcError::new(
                 code::METHOD_NOT_FOUND,
                 format!("unknown method {method:?} (known: {})", METHODS.join(", ")),
@@ -223,7 +267,7 @@ impl Methods {
                 let queues: Vec<Value> = (0..map.num_queues())
                     .map(|q| {
                         // A queue's counters live with each IOThread that served it.
-                        let mut sum = [0u64; 8];
+                        let mut sum = [0u64; 10];
                         for t in &stats.iothreads {
                             for s in t
                                 .queues
@@ -239,6 +283,8 @@ impl Methods {
                                     s.errors,
                                     s.bytes_read,
                                     s.bytes_written,
+                                    s.throttled,
+                                    s.throttled_ns,
                                 ];
                                 for (a, b) in sum.iter_mut().zip(v) {
                                     *a += b;
@@ -256,6 +302,8 @@ impl Methods {
                             "errors": sum[5],
                             "bytes-read": sum[6],
                             "bytes-written": sum[7],
+                            "throttled": sum[8],
+                            "throttled-ns": sum[9],
                         })
                     })
                     .collect();
@@ -271,6 +319,8 @@ impl Methods {
                     "num-queues": map.num_queues(),
                     "queue-size": c.queue_size,
                     "connected": e.connected,
+                    "throttle": e.limits.as_ref().map(limits_json),
+                    "throttle-group": e.throttle_group,
                     "queues": queues,
                 })
             })
@@ -384,6 +434,35 @@ fn export_config(map: Map<String, Value>) -> Result<ExportConfig, RpcError> {
     })
 }
 
+/// The limit keys left in `p` (those of `[export.throttle]`), validated by
+/// QEMU's rules; an error names the key.
+fn throttle_limits(p: Params) -> Result<ThrottleLimits, RpcError> {
+    let config: ThrottleConfig =
+        serde_json::from_value(Value::Object(p.0.clone())).map_err(|e| {
+            // An unknown key is named by serde; a mistyped one is found alone.
+            let culprit = p.0.iter().find_map(|(k, v)| {
+                let mut probe = Map::new();
+                probe.insert(k.clone(), v.clone());
+                serde_json::from_value::<ThrottleConfig>(Value::Object(probe))
+                    .is_err()
+                    .then(|| k.clone())
+            });
+            RpcError::param(culprit.as_deref().unwrap_or("params"), e.to_string())
+        })?;
+    config
+        .validate()
+        .map_err(|l| RpcError::param(&l.key, l.message))
+}
+
+/// Limits as the control socket shows them: the keys set, as in TOML.
+pub fn limits_json(l: &ThrottleLimits) -> Value {
+    let mut v = serde_json::to_value(l.to_config()).unwrap_or(Value::Null);
+    if let Value::Object(m) = &mut v {
+        m.retain(|_, v| !v.is_null() && v != &json!(0));
+    }
+    v
+}
+
 fn backend_name(b: BackendKind) -> &'static str {
     match b {
         BackendKind::IoUring => "io_uring",
@@ -464,6 +543,8 @@ fn thread_since(t: &mut IoThreadSnapshot, b: &IoThreadSnapshot) {
             (&mut q.errors, o.errors),
             (&mut q.bytes_read, o.bytes_read),
             (&mut q.bytes_written, o.bytes_written),
+            (&mut q.throttled, o.throttled),
+            (&mut q.throttled_ns, o.throttled_ns),
         ] {
             *v = v.saturating_sub(old);
         }

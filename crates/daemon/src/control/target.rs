@@ -13,6 +13,7 @@ use super::RpcError;
 use crate::config::ExportConfig;
 use crate::mapping::VirtqueueMap;
 use crate::poll::{PollMode, PollParams};
+use crate::qos::ThrottleLimits;
 use crate::stats::DaemonSnapshot;
 
 /// The daemon as the control socket drives it. Errors are the control
@@ -37,6 +38,30 @@ pub trait ControlTarget: Send + Sync {
     /// guest runs.
     fn move_queue(&self, export: &str, queue: u16, iothread: usize)
         -> Result<QueueMoved, RpcError>;
+    /// Gives export `export` its own `limits` (none enabled: unthrottled),
+    /// or makes it a member of throttle `group` (`block_set_io_throttle`).
+    fn set_io_throttle(
+        &self,
+        export: &str,
+        limits: ThrottleLimits,
+        group: Option<&str>,
+    ) -> Result<(), RpcError>;
+    /// Creates throttle group `name` or changes its limits; its members
+    /// follow at once (`throttle-group-set`).
+    fn set_throttle_group(&self, name: &str, limits: ThrottleLimits) -> Result<(), RpcError>;
+    /// The throttle groups, in the order they were made.
+    fn throttle_groups(&self) -> Vec<ThrottleGroupView>;
+}
+
+/// One throttle group.
+#[derive(Debug, Clone)]
+pub struct ThrottleGroupView {
+    /// Its name.
+    pub name: String,
+    /// Its limits.
+    pub limits: ThrottleLimits,
+    /// The exports that draw on it.
+    pub members: Vec<String>,
 }
 
 /// One IOThread of the pool.
@@ -63,6 +88,10 @@ pub struct ExportView {
     pub map: VirtqueueMap,
     /// A frontend is connected.
     pub connected: bool,
+    /// Its own I/O limits (None: none of its own).
+    pub limits: Option<ThrottleLimits>,
+    /// The throttle group it belongs to.
+    pub throttle_group: Option<String>,
 }
 
 /// What a `queue-move` did.

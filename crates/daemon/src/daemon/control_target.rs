@@ -5,11 +5,14 @@
 use std::sync::atomic::Ordering;
 
 use super::queue_move::MoveError;
-use super::{DaemonError, DaemonState, DelError};
+use super::{DaemonError, DaemonState, DelError, ExportLimits};
 use crate::config::ExportConfig;
-use crate::control::{ControlTarget, ExportView, IoThreadView, QueueMoved, RpcError};
+use crate::control::{
+    ControlTarget, ExportView, IoThreadView, QueueMoved, RpcError, ThrottleGroupView,
+};
 use crate::iothread::Command;
 use crate::poll::{PollMode, PollParams};
+use crate::qos::ThrottleLimits;
 use crate::stats::DaemonSnapshot;
 
 impl ControlTarget for DaemonState {
@@ -38,6 +41,14 @@ impl ControlTarget for DaemonState {
                 size_bytes: e.device.disk.size(),
                 map: e.map(),
                 connected: e.connected.load(Ordering::Acquire),
+                limits: match &e.limits {
+                    ExportLimits::Own(l) => Some(*l),
+                    _ => None,
+                },
+                throttle_group: match &e.limits {
+                    ExportLimits::Group(g) => Some(g.clone()),
+                    _ => None,
+                },
             })
             .collect()
     }
@@ -75,5 +86,31 @@ impl ControlTarget for DaemonState {
             Err(e @ MoveError::IoThread { .. }) => Err(RpcError::param("iothread", e)),
             Err(e) => Err(RpcError::failed(e.to_string())),
         }
+    }
+
+    fn set_io_throttle(
+        &self,
+        export: &str,
+        limits: ThrottleLimits,
+        group: Option<&str>,
+    ) -> Result<(), RpcError> {
+        self.set_export_limits(export, limits, group)
+            .map_err(|e| RpcError::param(&e.field, e.message))
+    }
+
+    fn set_throttle_group(&self, name: &str, limits: ThrottleLimits) -> Result<(), RpcError> {
+        self.set_group_limits(name, limits)
+            .map_err(|e| RpcError::param(&e.field, e.message))
+    }
+
+    fn throttle_groups(&self) -> Vec<ThrottleGroupView> {
+        self.groups_view()
+            .into_iter()
+            .map(|(name, limits, members)| ThrottleGroupView {
+                name,
+                limits,
+                members,
+            })
+            .collect()
     }
 }

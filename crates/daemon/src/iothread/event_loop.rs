@@ -5,7 +5,7 @@
 //! layer and executed by the [`executor`](super::executor).
 
 use std::io;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
@@ -17,7 +17,7 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::executor::{Executor, SlotId};
-use super::queue::{Popped, QueueSlot, Release};
+use super::queue::{throttle_clock, Popped, QueueSlot, Release};
 use super::queues::Queues;
 use super::{Command, GuestMem, IoThreadSetup, QueueAttach, QueueKey};
 use crate::clock::clock_ns;
@@ -28,6 +28,8 @@ use crate::stats::IoThreadStats;
 pub(super) const TOKEN_WAKE: u64 = 0;
 /// epoll token of every backend's completion eventfd.
 const TOKEN_COMPLETION: u64 = 1;
+/// epoll token of the timer of queues held back by their I/O limits.
+pub(super) const TOKEN_THROTTLE: u64 = 2;
 /// epoll token of queue slot `i`'s kick fd: `TOKEN_KICK_BASE + i`.
 const TOKEN_KICK_BASE: u64 = 16;
 
@@ -44,6 +46,10 @@ pub(super) struct Channels {
     pub rx: Receiver<Command>,
     /// Set before `wake` is written, so polling sees commands without a syscall.
     pub pending: Arc<AtomicBool>,
+    /// A CLOCK_MONOTONIC timerfd (already in the epoll set, level-triggered,
+    /// as [`TOKEN_THROTTLE`]): armed for the earliest time a queue held back
+    /// by its I/O limits is due.
+    pub throttle_timer: OwnedFd,
 }
 
 /// One IOThread's state: its queues, its executor, its polling policy.
@@ -69,6 +75,16 @@ pub(super) struct IoThread {
     commanded: bool,
     /// Origin of the policy's clock.
     epoch: Instant,
+    /// The timer of held-back queues (see [`Channels::throttle_timer`]).
+    throttle_timer: OwnedFd,
+    /// When the timer fires (CLOCK_MONOTONIC ns; 0: disarmed).
+    timer_at: u64,
+    /// A queue was held back, became due or changed limits this pass: the
+    /// timer is pointed at the earliest held queue at the end of the pass.
+    timer_dirty: bool,
+    /// Held-back queues became due this pass: they are served longest held
+    /// first.
+    due: bool,
 }
 
 impl IoThread {
@@ -84,6 +100,7 @@ impl IoThread {
             wake,
             rx,
             pending,
+            throttle_timer,
         } = channels;
         IoThread {
             executor: Executor::new(name.clone(), setup.bounce_max, setup.seccomp),
@@ -101,6 +118,10 @@ impl IoThread {
             policy: PollPolicy::new(setup.poll_mode, setup.poll_params, 1),
             commanded: false,
             epoch: Instant::now(),
+            throttle_timer,
+            timer_at: 0,
+            timer_dirty: false,
+            due: false,
         }
     }
 
@@ -185,6 +206,14 @@ impl IoThread {
             self.stats.passes.add(1);
             ready.sort_unstable();
             ready.dedup();
+            if std::mem::take(&mut self.due) {
+                // Queues of one throttle told the same time compete for the
+                // same credit: the one held longest asks first, so a queue
+                // that just got through (and popped its next request at
+                // once) does not win every round by its slot's place.
+                let queues = &self.queues;
+                ready.sort_by_key(|s| queues.get(*s).and_then(QueueSlot::held_since));
+            }
             sources.clear();
             if completed {
                 sources.push(SOURCE_COMPLETIONS);
@@ -266,9 +295,69 @@ impl IoThread {
         ready.is_empty() && !completed && !self.commanded
     }
 
-    /// Whether any ring is being served (not stopping, some queue active).
+    /// Whether any ring is being served (not stopping, some queue active and
+    /// not held back by its limits: a thread whose queues all wait for their
+    /// limits sleeps until its timer, it does not poll).
     fn serving(&self) -> bool {
-        !self.stopping && self.queues.iter().any(|(_, q)| q.active())
+        !self.stopping && self.queues.iter().any(|(_, q)| polled(q))
+    }
+
+    /// Queues held back whose time has come go to `ready`.
+    fn collect_due(&mut self, ready: &mut Vec<SlotId>) {
+        let now = throttle_clock();
+        for (slot, q) in self.queues.iter() {
+            if q.held_until().is_some_and(|t| t <= now) {
+                ready.push(slot);
+                self.timer_dirty = true;
+                self.due = true;
+            }
+        }
+    }
+
+    /// Points the throttle timer at the earliest held-back queue, or disarms
+    /// it.
+    fn rearm_timer(&mut self) {
+        self.timer_dirty = false;
+        let next = self
+            .queues
+            .iter()
+            .filter_map(|(_, q)| q.held_until())
+            .min()
+            // 0 would disarm: a queue due at once is due at 1 ns, in the past.
+            .map_or(0, |t| t.max(1));
+        if next == self.timer_at {
+            return;
+        }
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            // An all-zero it_value disarms the timer.
+            it_value: libc::timespec {
+                tv_sec: (next / 1_000_000_000) as libc::time_t,
+                tv_nsec: (next % 1_000_000_000) as libc::c_long,
+            },
+        };
+        // SAFETY: `throttle_timer` is a live timerfd and `spec` a valid
+        // itimerspec; the old value is not asked for.
+        let r = unsafe {
+            libc::timerfd_settime(
+                self.throttle_timer.as_raw_fd(),
+                libc::TFD_TIMER_ABSTIME,
+                &spec,
+                std::ptr::null_mut(),
+            )
+        };
+        if r == 0 {
+            self.timer_at = next;
+        } else {
+            error!(
+                "{}: cannot arm the throttle timer: {}",
+                self.name,
+                io::Error::last_os_error()
+            );
+        }
     }
 
     /// `t` on the policy's clock: ns since the thread started, plus one (0 is
@@ -291,12 +380,17 @@ impl IoThread {
         // still maps the same guest pages.
         let mut mems = std::mem::take(&mut self.poll_mems);
         mems.clear();
-        for (slot, q) in self.queues.iter_mut().filter(|(_, q)| q.active()) {
+        for (slot, q) in self.queues.iter_mut().filter(|(_, q)| polled(q)) {
             let mem = q.memory();
             // Polling: the guest need not kick.
             let _ = q.quiet(&mem);
             mems.push((slot, mem));
         }
+        // A held-back queue that becomes due ends the slice too (busy
+        // polling may never sleep on the timer): when, on `t0`'s clock.
+        let due_at = (self.timer_at != 0).then(|| {
+            t0.elapsed().as_nanos() as u64 + self.timer_at.saturating_sub(throttle_clock())
+        });
         let mut spins = 0u32;
         let found = loop {
             for (slot, mem) in &mems {
@@ -313,8 +407,17 @@ impl IoThread {
             spins = spins.wrapping_add(1);
             // Reading the clock costs more than a spin over the rings; look
             // at it every few spins.
-            if spins.is_multiple_of(8) && t0.elapsed().as_nanos() >= window as u128 {
-                break false;
+            if spins.is_multiple_of(8) {
+                let elapsed = t0.elapsed().as_nanos() as u64;
+                if due_at.is_some_and(|t| elapsed >= t) {
+                    self.collect_due(ready);
+                    if !ready.is_empty() {
+                        break true;
+                    }
+                }
+                if elapsed >= window {
+                    break false;
+                }
             }
             std::hint::spin_loop();
         };
@@ -325,7 +428,8 @@ impl IoThread {
     /// Re-enables notifications on every ring that has them off; a ring that
     /// received work meanwhile goes to `ready`.
     fn arm_notifications(&mut self, ready: &mut Vec<SlotId>) {
-        for (slot, q) in self.queues.iter_mut().filter(|(_, q)| q.active()) {
+        // A held-back queue stays quiet: its timer brings it back.
+        for (slot, q) in self.queues.iter_mut().filter(|(_, q)| polled(q)) {
             if q.arm_or_break() {
                 ready.push(slot);
             }
@@ -416,6 +520,8 @@ impl IoThread {
         completed: &mut bool,
     ) {
         let (mut kicked, mut signalled, mut stale) = (false, false, false);
+        // A held-back queue came due (not a kick: counted apart from them).
+        let mut due = false;
         for ev in &events[..n] {
             match ev.data() {
                 TOKEN_WAKE => {
@@ -429,6 +535,27 @@ impl IoThread {
                 TOKEN_COMPLETION => {
                     if self.executor.has_completions() {
                         signalled = true;
+                    } else {
+                        stale = true;
+                    }
+                }
+                // Level-triggered: read back, or it stays ready.
+                TOKEN_THROTTLE => {
+                    let mut expirations = [0u8; 8];
+                    // SAFETY: reads at most 8 bytes into the live local buffer.
+                    let _ = unsafe {
+                        libc::read(
+                            self.throttle_timer.as_raw_fd(),
+                            expirations.as_mut_ptr().cast(),
+                            expirations.len(),
+                        )
+                    };
+                    self.timer_at = 0;
+                    self.timer_dirty = true;
+                    let before = ready.len();
+                    self.collect_due(ready);
+                    if ready.len() > before {
+                        due = true;
                     } else {
                         stale = true;
                     }
@@ -454,7 +581,7 @@ impl IoThread {
                 }
             }
         }
-        if stale && !kicked && !signalled {
+        if stale && !kicked && !signalled && !due {
             self.stats.stale_edges.add(1);
         }
         if signalled {
@@ -514,8 +641,20 @@ impl IoThread {
                     self.queues.set_log(key, log);
                     let _ = applied.send(());
                 }
+                Command::SetThrottle { device, throttle } => {
+                    for (_, q) in self.queues.iter_mut() {
+                        if Arc::ptr_eq(&q.device, &device) {
+                            q.set_throttle(throttle.clone());
+                        }
+                    }
+                    self.timer_dirty = true;
+                }
                 Command::Stop => {
                     self.stopping = true;
+                    // A drain does not wait for the limits.
+                    for (id, q) in self.queues.iter_mut() {
+                        q.submit_held(id, &mut self.executor);
+                    }
                     // Stop accepting guest work: detach-style drain of every queue.
                     for (_, q) in self.queues.iter() {
                         let _ = self.epoll.ctl(
@@ -532,8 +671,15 @@ impl IoThread {
     /// Stops popping queue `key` and stops watching its kick fd; once its
     /// in-flight requests are done, [`Self::finish_pass`] lets it go as
     /// `why` says. A queue not served here is left alone.
+    /// A request held back by the limits is submitted at once: a drain does
+    /// not wait for them (QEMU's drain does the same).
     fn release(&mut self, key: QueueKey, why: Release) {
-        if let Some(q) = self.queues.find(key).and_then(|id| self.queues.get_mut(id)) {
+        let Some(id) = self.queues.find(key) else {
+            return;
+        };
+        if let Some(q) = self.queues.get_mut(id) {
+            q.submit_held(id, &mut self.executor);
+            self.timer_dirty = true;
             let _ = self.epoll.ctl(
                 ControlOperation::Delete,
                 q.kick.as_raw_fd(),
@@ -580,11 +726,16 @@ impl IoThread {
     /// guest notifications are re-enabled afterwards (the thread will sleep);
     /// without, they stay off (the thread will poll). `now` is the pass's clock.
     fn process_queue(&mut self, id: SlotId, rearm: bool, now: Instant) {
-        if !self.stopping && self.queues.process(id, &mut self.executor, rearm, now) == Popped::More
-        {
+        if self.stopping {
+            return;
+        }
+        match self.queues.process(id, &mut self.executor, rearm, now) {
             // Its budget ran out: first in line next pass, which does not
             // wait (a non-empty ready list is work found).
-            self.carried.push(id);
+            Popped::More => self.carried.push(id),
+            // The timer is pointed at it at the end of the pass.
+            Popped::Held(_) => self.timer_dirty = true,
+            Popped::Drained | Popped::HandBack => {}
         }
     }
 
@@ -606,6 +757,9 @@ impl IoThread {
     /// something, and detach replies for drained queues.
     fn finish_pass(&mut self) {
         self.queues.notify();
+        if self.timer_dirty {
+            self.rearm_timer();
+        }
         for i in 0..self.queues.len() {
             let id = SlotId(i);
             let drained = self
@@ -627,6 +781,12 @@ impl IoThread {
             q.let_go();
         }
     }
+}
+
+/// Whether the thread polls a queue and arms its kicks: served and not held
+/// back by its I/O limits.
+fn polled(q: &QueueSlot) -> bool {
+    q.active() && q.held_until().is_none()
 }
 
 /// `epoll_pwait2` with a timeout in nanoseconds (no signal mask).

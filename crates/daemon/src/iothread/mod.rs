@@ -29,10 +29,10 @@ mod tests;
 
 use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Sender, SyncSender};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -47,6 +47,7 @@ use crate::dirty_log::DirtyLog;
 use crate::fastpath;
 use crate::inflight::InflightQueue;
 use crate::poll::{PollMode, PollParams};
+use crate::qos::SharedThrottle;
 use crate::seccomp::{self, SeccompMode, ThreadKind};
 use crate::stats::IoThreadStats;
 use crate::virtio::device::serial_bytes;
@@ -75,6 +76,12 @@ pub struct BlockDevice {
     /// The guest switched the cache to writethrough (virtio-blk CONFIG_WCE):
     /// writes are submitted with RWF_DSYNC. Written by the transport.
     writethrough: AtomicBool,
+    /// The limits the export's requests draw on (its own, or its throttle
+    /// group's; None: unthrottled). Read by an IOThread when it attaches a
+    /// queue of the export and replaced by the control plane, which then
+    /// sends [`Command::SetThrottle`] to the queues already served: the data
+    /// path keeps its own copy in the queue slot and never takes this lock.
+    throttle: Mutex<Option<Arc<SharedThrottle>>>,
 }
 
 impl BlockDevice {
@@ -87,7 +94,19 @@ impl BlockDevice {
             limits,
             serial: serial_bytes(serial),
             writethrough: AtomicBool::new(false),
+            throttle: Mutex::new(None),
         }
+    }
+
+    /// The limits a queue of this export attaches with (None: unthrottled).
+    pub fn throttle(&self) -> Option<Arc<SharedThrottle>> {
+        self.throttle.lock().unwrap().clone()
+    }
+
+    /// Replaces the limits queues attach with; the queues already served
+    /// learn it from a [`Command::SetThrottle`], sent after this.
+    pub fn set_throttle(&self, throttle: Option<Arc<SharedThrottle>>) {
+        *self.throttle.lock().unwrap() = throttle;
     }
 
     /// Whether writes must be durable before completing (the guest chose
@@ -232,6 +251,16 @@ pub enum Command {
         /// transport answers the frontend only then).
         applied: SyncSender<()>,
     },
+    /// Replace the I/O limits of every queue of `device` served here (set
+    /// with [`BlockDevice::set_throttle`] first, so that a queue attaching
+    /// meanwhile takes the same). A request held back is looked at again at
+    /// once under the new limits.
+    SetThrottle {
+        /// The export whose queues change.
+        device: Arc<BlockDevice>,
+        /// Its new limits (None: unthrottled).
+        throttle: Option<Arc<SharedThrottle>>,
+    },
     /// Drain everything and exit the thread.
     Stop,
 }
@@ -325,12 +354,19 @@ impl IoThreadHandle {
             wake.as_raw_fd(),
             EpollEvent::new(EventSet::IN, event_loop::TOKEN_WAKE),
         )?;
+        let throttle_timer = throttle_timer()?;
+        epoll.ctl(
+            ControlOperation::Add,
+            throttle_timer.as_raw_fd(),
+            EpollEvent::new(EventSet::IN, event_loop::TOKEN_THROTTLE),
+        )?;
         let pending = Arc::new(AtomicBool::new(false));
         let channels = event_loop::Channels {
             epoll,
             wake: wake.clone(),
             rx,
             pending: pending.clone(),
+            throttle_timer,
         };
         let thread_stats = stats.clone();
         // The handle is returned once the thread has its id in the counters:
@@ -406,6 +442,23 @@ impl Drop for IoThreadHandle {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// The timer an IOThread sleeps on while queues wait for their I/O limits
+/// (CLOCK_MONOTONIC, the limits' clock), disarmed.
+fn throttle_timer() -> io::Result<OwnedFd> {
+    // SAFETY: timerfd_create takes no pointers; the result is checked.
+    let fd = unsafe {
+        libc::timerfd_create(
+            libc::CLOCK_MONOTONIC,
+            libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 fn pin_to(cpus: &[usize]) {

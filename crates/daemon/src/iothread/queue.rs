@@ -21,10 +21,12 @@ use super::executor::{Executor, Finished, SlotId};
 use super::queues::WarnLimiter;
 use super::state::{Kicks, SlotState, Unnotified};
 use super::{BlockDevice, GuestMem, GuestMemHandle, QueueAttach, QueueKey, QueueLog};
+use crate::clock::clock_ns;
 use crate::fastpath::{SmallAccess, SplitRing};
 use crate::inflight::InflightQueue;
+use crate::qos::{Admission, Direction, SharedThrottle};
 use crate::stats::{IoThreadStats, QueueCounters};
-use crate::virtio::request::{self, ReqKind};
+use crate::virtio::request::{self, Operation, Rejected, ReqKind, Request};
 use crate::virtio::status;
 
 mod release;
@@ -41,6 +43,70 @@ pub enum Popped {
     /// (and call, see [`CALL_EVERY`](super::queues::CALL_EVERY)) now, then process the queue again
     /// (inside [`Queues::process`](super::queues::Queues::process) only).
     HandBack,
+    /// The head request waits for the queue's I/O limits until this time
+    /// (CLOCK_MONOTONIC ns): nothing more is popped before then.
+    Held(u64),
+}
+
+/// A request popped and parsed that the queue's throttle has not admitted
+/// yet. It stays the queue's head: nothing behind it is popped before it
+/// goes, so the queue's requests keep their order.
+struct Held {
+    /// As parsed (a throttle holds back well-formed reads and writes only).
+    parsed: Result<Request, Rejected>,
+    /// When to ask the throttle again (CLOCK_MONOTONIC ns).
+    until: u64,
+    /// When it was first held back (CLOCK_MONOTONIC ns), for `throttled_ns`.
+    since: u64,
+}
+
+/// The clock of the I/O limits: CLOCK_MONOTONIC, shared by every IOThread
+/// (a throttle's buckets are) and by the IOThread's timerfd.
+pub(super) fn throttle_clock() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC)
+}
+
+/// What a request costs under the I/O limits: its direction and bytes.
+/// Discard and write-zeroes are writes of their range, as QEMU's throttle
+/// node counts them; flush and GET_ID are not throttled (None).
+fn throttled_as(op: &Operation) -> Option<(Direction, u64)> {
+    match op {
+        Operation::Read { .. } => Some((Direction::Read, op.data_len())),
+        Operation::Write { .. } => Some((Direction::Write, op.data_len())),
+        Operation::Discard { num_sectors, .. } | Operation::WriteZeroes { num_sectors, .. } => {
+            Some((Direction::Write, u64::from(*num_sectors) * 512))
+        }
+        Operation::Flush | Operation::GetId { .. } => None,
+    }
+}
+
+/// Whether `throttle` holds back a request just popped: Some(until, now)
+/// if it must wait (counted), None if it may go (admitted and accounted, or
+/// not throttled). Off the unthrottled path, which only tests for a throttle.
+#[inline(never)]
+fn must_wait(
+    throttle: &SharedThrottle,
+    counters: &QueueCounters,
+    parsed: &Result<Request, Rejected>,
+) -> Option<(u64, u64)> {
+    let now = throttle_clock();
+    let until = admission(throttle, parsed, now)?;
+    counters.throttled.add(1);
+    Some((until, now))
+}
+
+/// Asks `throttle` for a parsed request: None if it may go (accounted; a
+/// rejected request is not throttled), or the time to ask again.
+fn admission(
+    throttle: &SharedThrottle,
+    parsed: &Result<Request, Rejected>,
+    now_ns: u64,
+) -> Option<u64> {
+    let (dir, bytes) = throttled_as(&parsed.as_ref().ok()?.op)?;
+    match throttle.admit(dir, bytes, now_ns) {
+        Admission::Go => None,
+        Admission::WaitUntil(t) => Some(t),
+    }
 }
 
 /// A virtqueue served by this thread.
@@ -79,6 +145,12 @@ pub(super) struct QueueSlot {
     popped_at: Box<[Instant]>,
     /// The migration dirty log while it is on (vhost-user VHOST_F_LOG_ALL).
     log: Option<QueueLog>,
+    /// The I/O limits the queue's requests draw on (its export's, or its
+    /// throttle group's, shared with their other queues); None: unthrottled,
+    /// and the request path pays one branch.
+    throttle: Option<Arc<SharedThrottle>>,
+    /// The head request, popped and held back by the throttle.
+    held: Option<Held>,
 }
 
 impl QueueSlot {
@@ -91,6 +163,8 @@ impl QueueSlot {
         };
         let size = a.queue.size() as usize;
         let avail_seen = a.queue.next_avail();
+        // Read once, when the queue arrives; later changes come as commands.
+        let throttle = a.device.throttle();
         QueueSlot {
             key: a.key,
             queue: a.queue,
@@ -108,7 +182,54 @@ impl QueueSlot {
             record,
             resubmit: resubmit.into(),
             log: a.log,
+            throttle,
+            held: None,
         }
+    }
+
+    /// Replaces the queue's I/O limits. A request held back is due at once:
+    /// the next pass asks the new limits (None: it goes).
+    pub fn set_throttle(&mut self, throttle: Option<Arc<SharedThrottle>>) {
+        self.throttle = throttle;
+        if let Some(h) = &mut self.held {
+            h.until = 0;
+        }
+    }
+
+    /// Until when the head request is held back by the I/O limits (None:
+    /// nothing held). A held queue is not work for polling or kicks until
+    /// then: its IOThread's timer brings it back.
+    pub fn held_until(&self) -> Option<u64> {
+        self.held.as_ref().map(|h| h.until)
+    }
+
+    /// Since when the head request has been held back (None: nothing held).
+    pub fn held_since(&self) -> Option<u64> {
+        self.held.as_ref().map(|h| h.since)
+    }
+
+    /// Submits the held-back head at once, unthrottled: the queue is being
+    /// released (GET_VRING_BASE, disconnect, `queue-move`, stop), and a drain
+    /// never waits for the limits.
+    pub fn submit_held(&mut self, id: SlotId, exec: &mut Executor) {
+        if let Some(h) = self.held.take() {
+            let mem = self.memory();
+            self.run_held(id, h, exec, &mem, throttle_clock());
+        }
+    }
+
+    /// Executes a held-back request that may go now, counting how long it
+    /// waited.
+    fn run_held(
+        &mut self,
+        id: SlotId,
+        h: Held,
+        exec: &mut Executor,
+        mem: &Arc<GuestMem>,
+        now: u64,
+    ) {
+        self.counters.throttled_ns.add(now.saturating_sub(h.since));
+        exec.execute(id, h.parsed, mem, &self.device);
     }
 
     /// Switches dirty logging on (Some) or off (None).
@@ -211,9 +332,11 @@ impl QueueSlot {
     }
 
     /// [`QueueSlot::has_avail`] on the current memory map (no reference
-    /// count taken).
+    /// count taken), or heads to resubmit.
+    /// A queue whose head is held back has none: a kick is looked at when
+    /// the head is due.
     pub fn has_work(&self) -> bool {
-        self.resubmit_pending() || self.has_avail(&self.mem.memory())
+        self.held.is_none() && (self.resubmit_pending() || self.has_avail(&self.mem.memory()))
     }
 
     /// Whether heads left in flight by a dead daemon wait to be executed again.
@@ -322,6 +445,21 @@ impl QueueSlot {
                 };
             }
         }
+        // The held-back head goes first, when the limits let it.
+        if let Some(h) = self.held.take() {
+            let now = throttle_clock();
+            match self
+                .throttle
+                .as_deref()
+                .and_then(|t| admission(t, &h.parsed, now))
+            {
+                Some(until) => {
+                    self.held = Some(Held { until, ..h });
+                    return Popped::Held(until);
+                }
+                None => self.run_held(id, h, exec, mem, now),
+            }
+        }
         loop {
             if let Err(e) = self.quiet(mem) {
                 self.break_ring(e);
@@ -399,7 +537,19 @@ impl QueueSlot {
                 // The chain is walked by the fast path's `HeadChain`, not
                 // popped through virtio-queue (see `fastpath`).
                 let parsed = request::parse_head(&**mem, table, size, head, &self.device.limits);
+                // Popped, so in flight (and in the inflight record) from
+                // here, whether it runs now or is held back.
                 self.inflight += 1;
+                if let Some(throttle) = &self.throttle {
+                    if let Some((until, since)) = must_wait(throttle, &self.counters, &parsed) {
+                        self.held = Some(Held {
+                            parsed,
+                            until,
+                            since,
+                        });
+                        return Popped::Held(until);
+                    }
+                }
                 exec.execute(id, parsed, mem, &self.device);
             }
             if budget == 0 && self.has_avail(mem) {

@@ -21,6 +21,7 @@ use super::queues::{Queues, CALL_EVERY, POP_BUDGET};
 use super::{BlockDevice, GuestMem, InflightTracking, QueueAttach, QueueKey, QueueLog};
 use crate::block::{Disk, FileEngine};
 use crate::dirty_log::{DirtyLog, LOG_PAGE};
+use crate::qos::{SharedThrottle, ThrottleConfig, ThrottleLimits};
 use crate::seccomp::SeccompMode;
 use crate::stats::{IoThreadStats, QueueCounters};
 use crate::virtio::{req_type, status, BlkGeometry};
@@ -63,6 +64,8 @@ struct Opts {
     bounce_max: Option<u64>,
     /// VIRTIO_RING_F_EVENT_IDX negotiated.
     event_idx: bool,
+    /// I/O limits of the export (docs/qos.md).
+    throttle: Option<ThrottleLimits>,
 }
 
 /// A request pushed on the ring.
@@ -154,6 +157,7 @@ impl Rig {
             geometry.limits(),
             "vqblk-serial",
         ));
+        device.set_throttle(o.throttle.map(|l| Arc::new(SharedThrottle::new(l))));
         let stats = Arc::new(IoThreadStats::new("test".into()));
         let counters = stats.queue("t", 0);
         let attach = QueueAttach {
@@ -1746,4 +1750,241 @@ fn requests_allocate_nothing_in_steady_state() {
         assert_eq!(allocs, 0, "{kind:?}: allocations in 320 requests");
         assert_eq!(r.counters.requests.get(), 16 * 23, "{kind:?}");
     }
+}
+
+/// Limits with only `iops-total`.
+fn iops_total(iops: u64) -> ThrottleLimits {
+    ThrottleConfig {
+        iops_total: Some(iops),
+        ..ThrottleConfig::default()
+    }
+    .validate()
+    .unwrap()
+}
+
+fn throttled(kind: Kind, limits: ThrottleLimits) -> Rig {
+    Rig::with(
+        kind,
+        Opts {
+            throttle: Some(limits),
+            ..Opts::default()
+        },
+    )
+}
+
+/// One pass over the rig's queue as the event loop makes it, delivering
+/// what finished; what the pass returned.
+fn pass(r: &mut Rig) -> Popped {
+    let p = r.queues.process(r.id, &mut r.exec, true, Instant::now());
+    for _ in 0..5000 {
+        r.queues.deliver(&mut r.exec, Instant::now());
+        let held = r.queues.get(r.id).unwrap().held_until().is_some();
+        if r.queues.inflight() == usize::from(held) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    r.queues.notify();
+    p
+}
+
+/// The used ring's heads, in publication order.
+fn used_heads(r: &Rig) -> Vec<u16> {
+    (0..r.used_idx())
+        .map(|i| {
+            let at = r.used + 4 + 8 * u64::from(i % QUEUE_SIZE);
+            r.mem.read_obj::<u32>(GuestAddress(at)).unwrap() as u16
+        })
+        .collect()
+}
+
+/// A throttled queue holds its head back (popped: in flight, the ring not
+/// popped further), says until when, and serves its requests in ring order
+/// as the limit lets them through, never earlier.
+#[test]
+fn a_throttled_queue_holds_its_head_and_keeps_the_order() {
+    for kind in ALL {
+        // 10 IOPS: a tenth of a second per request once the first went.
+        let mut r = throttled(kind, iops_total(10));
+        let reqs: Vec<Req> = (0..5u64)
+            .map(|k| r.push(req_type::IN, k, &[(DATA + 512 * k, 512, true)]))
+            .collect();
+        let t0 = crate::clock::clock_ns(libc::CLOCK_MONOTONIC);
+        let until = match pass(&mut r) {
+            Popped::Held(until) => until,
+            p => panic!("{kind:?}: the second request is held back, got {p:?}"),
+        };
+        assert!(until > t0, "{kind:?}: the deadline is ahead");
+        // The bucket holds a tenth of a second's worth: a request or two go.
+        let went = used_heads(&r);
+        let k = went.len();
+        assert!((1..=2).contains(&k), "{kind:?}: {went:?}");
+        assert_eq!(went, reqs[..k].iter().map(|q| q.head).collect::<Vec<_>>());
+        let q = r.queues.get(r.id).unwrap();
+        assert_eq!(q.held_until(), Some(until), "{kind:?}");
+        assert_eq!(
+            q.next_avail(),
+            k as u16 + 1,
+            "{kind:?}: nothing popped behind the head"
+        );
+        assert_eq!(
+            r.queues.inflight(),
+            1,
+            "{kind:?}: the held head is in flight"
+        );
+        assert!(
+            !q.has_work(),
+            "{kind:?}: a held queue is no work for a kick"
+        );
+        assert_eq!(r.counters.throttled.get(), 1, "{kind:?}");
+        // Before its time, a pass changes nothing.
+        assert!(matches!(pass(&mut r), Popped::Held(_)), "{kind:?}");
+        assert_eq!(usize::from(r.used_idx()), k, "{kind:?}");
+        // Due: served in order.
+        let mut passes = 0;
+        while r.used_idx() < 5 {
+            let wait = r.queues.get(r.id).unwrap().held_until().unwrap_or(0);
+            let now = crate::clock::clock_ns(libc::CLOCK_MONOTONIC);
+            std::thread::sleep(Duration::from_nanos(wait.saturating_sub(now)));
+            pass(&mut r);
+            passes += 1;
+            assert!(passes < 100, "{kind:?}: the limit lets requests through");
+        }
+        let elapsed = crate::clock::clock_ns(libc::CLOCK_MONOTONIC) - t0;
+        assert!(
+            elapsed >= 250_000_000,
+            "{kind:?}: 5 requests at 10 IOPS take 0.3 s at least, took {elapsed} ns"
+        );
+        assert_eq!(
+            used_heads(&r),
+            reqs.iter().map(|q| q.head).collect::<Vec<_>>(),
+            "{kind:?}: in ring order"
+        );
+        for q in &reqs {
+            assert_eq!(r.status(q), status::OK, "{kind:?}");
+        }
+        assert!(r.counters.throttled_ns.get() >= 100_000_000, "{kind:?}");
+        assert_eq!(r.queues.get(r.id).unwrap().held_until(), None, "{kind:?}");
+    }
+}
+
+/// Under a write limit, reads, flushes and GET_ID are never held back;
+/// discard and write-zeroes are writes.
+#[test]
+fn a_write_limit_holds_discards_and_not_reads_flushes_or_get_id() {
+    let iops_write = ThrottleConfig {
+        iops_write: Some(1),
+        ..ThrottleConfig::default()
+    }
+    .validate()
+    .unwrap();
+    let mut r = throttled(Kind::Null, iops_write);
+    for k in 0..4u64 {
+        r.push(req_type::IN, k, &[(DATA + 512 * k, 512, true)]);
+        r.push(req_type::FLUSH, 0, &[]);
+        r.push(req_type::GET_ID, 0, &[(DATA + 4096, 20, true)]);
+    }
+    assert_eq!(pass(&mut r), Popped::Drained);
+    assert_eq!(r.used_idx(), 12);
+    assert_eq!(r.counters.throttled.get(), 0);
+    let zeroes: Vec<Req> = (0..4)
+        .map(|k| r.push_range(req_type::WRITE_ZEROES, 8 * k, 8, 0))
+        .collect();
+    assert!(matches!(pass(&mut r), Popped::Held(_)));
+    assert!(r.used_idx() < 16);
+    assert_eq!(r.status(&zeroes[3]), 0xff, "held back, not failed");
+    assert_eq!(r.counters.throttled.get(), 1);
+}
+
+/// Releasing a queue (a Detach, a Handover, a stop) submits its held head at
+/// once, whatever the limit says.
+#[test]
+fn release_submits_the_held_request_at_once() {
+    for kind in ALL {
+        let mut r = throttled(kind, iops_total(1));
+        let a = r.push(req_type::IN, 0, &[(DATA, 512, true)]);
+        let b = r.push(req_type::OUT, 1, &[(DATA + 512, 512, false)]);
+        assert!(matches!(pass(&mut r), Popped::Held(_)), "{kind:?}");
+        let q = r.queues.get_mut(r.id).unwrap();
+        q.submit_held(r.id, &mut r.exec);
+        assert_eq!(q.held_until(), None, "{kind:?}");
+        r.run();
+        assert_eq!(used_heads(&r), vec![a.head, b.head], "{kind:?}");
+        assert_eq!(r.status(&b), status::OK, "{kind:?}");
+    }
+}
+
+/// New limits apply to a held head at once: cleared, it goes in the next
+/// pass.
+#[test]
+fn lifting_the_limit_lets_the_held_head_go() {
+    let mut r = throttled(Kind::Null, iops_total(1));
+    let reqs: Vec<Req> = (0..4u64)
+        .map(|k| r.push(req_type::IN, k, &[(DATA + 512 * k, 512, true)]))
+        .collect();
+    assert!(matches!(pass(&mut r), Popped::Held(_)));
+    let q = r.queues.get_mut(r.id).unwrap();
+    q.set_throttle(None);
+    assert_eq!(q.held_until(), Some(0), "due at once");
+    assert_eq!(pass(&mut r), Popped::Drained);
+    assert_eq!(
+        used_heads(&r),
+        reqs.iter().map(|q| q.head).collect::<Vec<_>>()
+    );
+}
+
+/// An IOThread whose only queue waits for its limit sleeps on its timer
+/// (even in busy-polling mode: a held queue is no work to poll for), serves
+/// the held request when it is due, and a Detach does not wait for it.
+#[test]
+fn an_iothread_sleeps_while_its_queue_is_held_and_a_detach_does_not_wait() {
+    use super::{Command, IoThreadHandle, IoThreadSetup};
+    use crate::poll::PollMode;
+    use std::sync::mpsc::sync_channel;
+
+    // 4 IOPS: the first request goes, then one every 250 ms.
+    let mut r = throttled(Kind::Null, iops_total(4));
+    let (attach, kick_fd) = r.take_attach();
+    let key = attach.key;
+    let t = IoThreadHandle::spawn(
+        0,
+        IoThreadSetup {
+            poll_mode: PollMode::Busy,
+            ..IoThreadSetup::default()
+        },
+    )
+    .unwrap();
+    t.send(Command::Attach(Box::new(attach)));
+    let counters = t.stats.queue("t", 0);
+    for k in 0..4u64 {
+        r.push(req_type::IN, k, &[(DATA + 512 * k, 512, true)]);
+    }
+    kick(&kick_fd);
+    wait_until("the second request is held", || {
+        counters.throttled.get() >= 1
+    });
+    let tid = t.stats.tid.load(std::sync::atomic::Ordering::Relaxed);
+    let cpu0 = crate::stats::thread_cpu_seconds(tid);
+    let wall = Instant::now();
+    // The timer brings the held request back: the third is held in turn.
+    wait_until("the second request is served", || r.used_idx() >= 2);
+    std::thread::sleep(Duration::from_millis(100));
+    let cpu = crate::stats::thread_cpu_seconds(tid) - cpu0;
+    let wall = wall.elapsed().as_secs_f64();
+    assert!(
+        cpu < 0.25 * wall,
+        "a held queue costs no polling: {cpu} s of CPU in {wall} s"
+    );
+    let (tx, rx) = sync_channel(1);
+    let asked = Instant::now();
+    t.send(Command::Detach { key, reply: tx });
+    rx.recv_timeout(Duration::from_secs(10))
+        .expect("the detach answers");
+    assert!(
+        asked.elapsed() < Duration::from_millis(200),
+        "the drain did not wait for the limit: {:?}",
+        asked.elapsed()
+    );
+    assert_eq!(r.used_idx(), 3, "the held request was served by the drain");
+    assert!(counters.throttled.get() >= 2);
 }

@@ -119,3 +119,17 @@ fn render_handback_counters_and_gauges() {
         );
     }
 }
+
+/// Requests held back by the I/O limits and the time they waited, per queue.
+#[test]
+fn render_throttled_counters() {
+    let a = IoThreadStats::new("vqblk-iot0".into());
+    let q = a.queue("db", 2);
+    q.throttled.add(5);
+    q.throttled_ns.add(1_500_000_000);
+    let text = render(&[a.snapshot()]);
+    let l = r#"{export="db",queue="2",iothread="0"}"#;
+    assert!(line(&text, &format!("vqblk_queue_throttled_requests_total{l}")).ends_with(" 5"));
+    assert!(line(&text, &format!("vqblk_queue_throttled_seconds_total{l}")).ends_with(" 1.5"));
+    assert!(text.contains("# TYPE vqblk_queue_throttled_seconds_total counter"));
+}
