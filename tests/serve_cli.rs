@@ -186,6 +186,46 @@ fn bad_input_exits_2_naming_the_field() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2));
     assert!(err.contains("export[0].queues: 0 is out of range"), "{err}");
+
+    // Valid reservations and weights are refused while the request engine
+    // does not enforce them: no export is served without the floor it asked for.
+    for (key, extra) in [
+        ("reservation-iops", "reservation-iops = 100\n"),
+        ("weight", "weight = 3\n"),
+    ] {
+        let sock = dir.join(format!("{key}.sock"));
+        std::fs::write(
+            &cfg,
+            format!("[[export]]\nsocket = {sock:?}\nbackend = \"null\"\nsize = \"1M\"\n{extra}"),
+        )
+        .unwrap();
+        let mut child = vqblk()
+            .arg("serve")
+            .arg("--config")
+            .arg(&cfg)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let t = std::time::Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if t.elapsed() > std::time::Duration::from_secs(20) {
+                let _ = child.kill();
+                panic!("{key}: vqblk serve accepted the export and is serving it");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{key}: {err}");
+        assert!(
+            err.contains(&format!(
+                "export[0].{key}: reservations and weights are not enforced"
+            )),
+            "{key}: {err}"
+        );
+        assert!(!sock.exists(), "{key}: the export was served");
+    }
 }
 
 /// Two exports from one TOML file share one pool of IOThreads.
