@@ -56,6 +56,14 @@ pub trait SmallAccess: GuestMemory {
     /// Reads a `T` at `addr`. In one region a typed object is one volatile
     /// load of its size (vm-memory's `VolatileRef`, unaligned-safe), where a
     /// byte copy of a run-time length calls libc's memcpy.
+    ///
+    /// This and the three accessors below are always inlined: at each call
+    /// site they are a region check, a load or store and a branch, but left
+    /// to the compiler some stayed calls depending on unrelated code around
+    /// them (the count per request moved by 20 from one build to the next).
+    /// Inlined everywhere: 2783 -> 2630 server instructions per 4k read,
+    /// 2837 -> 2679 per write (`scripts/instructions-per-request.sh`).
+    #[inline(always)]
     fn read_obj_small<T: ByteValued>(&self, addr: GuestAddress) -> Result<T, GuestMemoryError> {
         match self.one_region(addr, size_of::<T>()) {
             Some(s) => s.get_ref::<T>(0).map(|r| r.load()).map_err(Into::into),
@@ -64,6 +72,7 @@ pub trait SmallAccess: GuestMemory {
     }
 
     /// Writes `val` at `addr` (one volatile store in one region).
+    #[inline(always)]
     fn write_obj_small<T: ByteValued>(
         &self,
         val: T,
@@ -76,6 +85,7 @@ pub trait SmallAccess: GuestMemory {
     }
 
     /// An atomic load of a `T` at `addr` (a ring index), aligned as `T`.
+    #[inline(always)]
     fn load_small<T: AtomicAccess>(
         &self,
         addr: GuestAddress,
@@ -88,6 +98,7 @@ pub trait SmallAccess: GuestMemory {
     }
 
     /// An atomic store of `val` at `addr` (a ring index), aligned as `T`.
+    #[inline(always)]
     fn store_small<T: AtomicAccess>(
         &self,
         val: T,
