@@ -8,10 +8,10 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 
 use super::{Completion, Engine, IoKind, IoOp};
-use crate::clock::clock_ns;
+use crate::clock::{arm_timer_at, clock_ns, monotonic_timer};
 
 /// Completes operations in the submitting IOThread, at once or when due.
 #[derive(Default)]
@@ -34,20 +34,9 @@ impl NullEngine {
         if latency_ns == 0 {
             return Ok(NullEngine::default());
         }
-        // SAFETY: timerfd_create takes no pointers; the result is checked.
-        let fd = unsafe {
-            libc::timerfd_create(
-                libc::CLOCK_MONOTONIC,
-                libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
         Ok(NullEngine {
             latency_ns,
-            // SAFETY: `fd` is a fresh descriptor that nothing else owns.
-            timer: Some(unsafe { OwnedFd::from_raw_fd(fd) }),
+            timer: Some(monotonic_timer()?),
             ..Default::default()
         })
     }
@@ -59,28 +48,7 @@ impl NullEngine {
             return;
         }
         let Some(timer) = &self.timer else { return };
-        let spec = libc::itimerspec {
-            it_interval: libc::timespec {
-                tv_sec: 0,
-                tv_nsec: 0,
-            },
-            // An all-zero it_value disarms the timer.
-            it_value: libc::timespec {
-                tv_sec: (next / 1_000_000_000) as libc::time_t,
-                tv_nsec: (next % 1_000_000_000) as libc::c_long,
-            },
-        };
-        // SAFETY: `timer` is a live timerfd and `spec` a valid itimerspec; the
-        // old value is not asked for.
-        let r = unsafe {
-            libc::timerfd_settime(
-                timer.as_raw_fd(),
-                libc::TFD_TIMER_ABSTIME,
-                &spec,
-                std::ptr::null_mut(),
-            )
-        };
-        if r == 0 {
+        if arm_timer_at(timer.as_fd(), next).is_ok() {
             self.armed_for = next;
         }
     }

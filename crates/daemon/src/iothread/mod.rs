@@ -29,7 +29,7 @@ mod tests;
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Sender, SyncSender};
 use std::sync::{Arc, Mutex};
@@ -354,7 +354,8 @@ impl IoThreadHandle {
             wake.as_raw_fd(),
             EpollEvent::new(EventSet::IN, event_loop::TOKEN_WAKE),
         )?;
-        let throttle_timer = throttle_timer()?;
+        // CLOCK_MONOTONIC is the I/O limits' clock.
+        let throttle_timer = crate::clock::monotonic_timer()?;
         epoll.ctl(
             ControlOperation::Add,
             throttle_timer.as_raw_fd(),
@@ -442,23 +443,6 @@ impl Drop for IoThreadHandle {
     fn drop(&mut self) {
         self.stop();
     }
-}
-
-/// The timer an IOThread sleeps on while queues wait for their I/O limits
-/// (CLOCK_MONOTONIC, the limits' clock), disarmed.
-fn throttle_timer() -> io::Result<OwnedFd> {
-    // SAFETY: timerfd_create takes no pointers; the result is checked.
-    let fd = unsafe {
-        libc::timerfd_create(
-            libc::CLOCK_MONOTONIC,
-            libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a fresh descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 fn pin_to(cpus: &[usize]) {

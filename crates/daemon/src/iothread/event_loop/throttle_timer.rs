@@ -2,7 +2,10 @@
 //! earliest queue held back by its I/O limits, so that a thread whose queues
 //! all wait sleeps until one is due instead of polling for tokens.
 
+use std::os::fd::AsFd;
+
 use super::*;
+use crate::clock::arm_timer_at;
 
 impl IoThread {
     /// Queues held back whose time has come go to `ready`.
@@ -31,35 +34,9 @@ impl IoThread {
         if next == self.timer_at {
             return;
         }
-        let spec = libc::itimerspec {
-            it_interval: libc::timespec {
-                tv_sec: 0,
-                tv_nsec: 0,
-            },
-            // An all-zero it_value disarms the timer.
-            it_value: libc::timespec {
-                tv_sec: (next / 1_000_000_000) as libc::time_t,
-                tv_nsec: (next % 1_000_000_000) as libc::c_long,
-            },
-        };
-        // SAFETY: `throttle_timer` is a live timerfd and `spec` a valid
-        // itimerspec; the old value is not asked for.
-        let r = unsafe {
-            libc::timerfd_settime(
-                self.throttle_timer.as_raw_fd(),
-                libc::TFD_TIMER_ABSTIME,
-                &spec,
-                std::ptr::null_mut(),
-            )
-        };
-        if r == 0 {
-            self.timer_at = next;
-        } else {
-            error!(
-                "{}: cannot arm the throttle timer: {}",
-                self.name,
-                io::Error::last_os_error()
-            );
+        match arm_timer_at(self.throttle_timer.as_fd(), next) {
+            Ok(()) => self.timer_at = next,
+            Err(e) => error!("{}: cannot arm the throttle timer: {e}", self.name),
         }
     }
 }
