@@ -29,7 +29,7 @@
 //!
 //! | | read | write |
 //! |---|---|---|
-//! | with this module | 2,630 | 2,679 |
+//! | with this module | 2,646 | 2,693 |
 //! | without: the crates' `pop_descriptor_chain`, `add_used`, `avail_idx`, `needs_notification` and accessors over vm-memory's region lookup | 3,970 | 4,013 |
 //!
 //! That is about 1,300 instructions, a third of the daemon's own work per
