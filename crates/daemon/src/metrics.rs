@@ -242,7 +242,7 @@ pub fn render(iothreads: &[IoThreadSnapshot]) -> String {
             })
         })
     };
-    let by_queue = |get: &dyn Fn(&crate::stats::QueueSnapshot) -> u64, gauge_kind: bool| {
+    let by_queue = |get: &dyn Fn(&crate::stats::QueueSnapshot) -> f64, gauge_kind: bool| {
         queues()
             .map(|(q, id, queue)| {
                 let l = [
@@ -251,9 +251,9 @@ pub fn render(iothreads: &[IoThreadSnapshot]) -> String {
                     ("iothread", id),
                 ];
                 if gauge_kind {
-                    gauge(&l, get(q) as f64)
+                    gauge(&l, get(q))
                 } else {
-                    counter(&l, get(q) as f64)
+                    counter(&l, get(q))
                 }
             })
             .collect::<Vec<_>>()
@@ -290,13 +290,13 @@ pub fn render(iothreads: &[IoThreadSnapshot]) -> String {
         "vqblk_read_bytes_total",
         "Bytes read by the guest.",
         COUNTER,
-        by_queue(&|q| q.bytes_read, false),
+        by_queue(&|q| q.bytes_read as f64, false),
     );
     f.add(
         "vqblk_written_bytes_total",
         "Bytes written by the guest.",
         COUNTER,
-        by_queue(&|q| q.bytes_written, false),
+        by_queue(&|q| q.bytes_written as f64, false),
     );
     let mut errors = Vec::new();
     for (q, id, queue) in queues() {
@@ -322,28 +322,19 @@ pub fn render(iothreads: &[IoThreadSnapshot]) -> String {
         "Requests held back by the export's I/O limits (or its throttle group's) \
          before they ran (docs/qos.md).",
         COUNTER,
-        by_queue(&|q| q.throttled, false),
+        by_queue(&|q| q.throttled as f64, false),
     );
     f.add(
         "vqblk_queue_throttled_seconds_total",
         "Time requests spent held back by the I/O limits, summed over the requests.",
         COUNTER,
-        queues()
-            .map(|(q, id, queue)| {
-                let l = [
-                    ("export", q.export.as_str()),
-                    ("queue", &queue),
-                    ("iothread", id),
-                ];
-                counter(&l, q.throttled_ns as f64 / 1e9)
-            })
-            .collect(),
+        by_queue(&|q| q.throttled_ns as f64 / 1e9, false),
     );
     f.add(
         "vqblk_requests_in_flight",
         "Requests popped from the ring and not completed yet.",
         GAUGE,
-        by_queue(&|q| q.in_flight, true),
+        by_queue(&|q| q.in_flight as f64, true),
     );
     // Per export: the latency histogram, summed over queues and IOThreads.
     let mut per_export: Vec<(&str, LatencySnapshot)> = Vec::new();
