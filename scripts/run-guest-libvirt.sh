@@ -58,7 +58,13 @@ command -v virsh >/dev/null || { echo "run-guest-libvirt: virsh not found (scrip
 # The system driver's daemons, started here when no service manager did it
 # (a container, CI): virtlogd collects QEMU's output, libvirtd runs the domain.
 if [ "$URI" = qemu:///system ]; then
-    [ -S /run/libvirt/virtlogd-sock ] || virtlogd -d
+    # A socket file alone proves nothing: a daemon killed with its container
+    # leaves it behind, and libvirtd then fails with "Connection refused".
+    if ! pgrep -x virtlogd >/dev/null; then
+        rm -f /run/libvirt/virtlogd-sock /run/libvirt/virtlogd-admin-sock
+        virtlogd -d
+        for _ in $(seq 50); do [ -S /run/libvirt/virtlogd-sock ] && break; sleep 0.1; done
+    fi
     if ! virsh -q -c "$URI" version >/dev/null 2>&1; then
         libvirtd -d
         for _ in $(seq 100); do virsh -q -c "$URI" version >/dev/null 2>&1 && break; sleep 0.2; done
