@@ -71,6 +71,10 @@ impl Connection {
             warn!("{}: {e}", self.export.device.name);
             invalid(&e.to_string())
         })?;
+        info!(
+            "{}: inflight region handed back by the frontend ({} queues of {})",
+            self.export.device.name, inflight.num_queues, inflight.queue_size
+        );
         self.inflight = Some(region);
         Ok(())
     }
