@@ -55,6 +55,11 @@ and the client's CPU is measured (scripts/cacheline-rtt.sh; CPUs 0 and 1 when
 not pinned): the host may place two vCPUs near or far, every cross-CPU figure
 follows, and only runs in the same mode compare (docs/performance.md).
 
+SPDK's vhost target (--servers ...,spdk; built by ../shared/peers/, see its
+README) serves a null bdev or an aio bdev on the same file; it is started for
+its own runs only, since its reactor spins a whole core (the server CPU), and
+the ratios then include vqblk/SPDK IOPS and IOPS per server core per cell.
+
 A/B of two builds: --baseline BINARY adds that vqblk as "vqblk (baseline)",
 interleaved with the others (the order of the servers rotates every repeat),
 and prints per cell the medians of both and their ratios. For the A/B alone:
@@ -63,7 +68,7 @@ and prints per cell the medians of both and their ratios. For the A/B alone:
 
 
 SHORT_NAMES = {"baseline": "vqblk (baseline)", "poll-off": "vqblk --poll off", "qsd": "qemu-storage-daemon",
-               "native": "native io_uring"}
+               "native": "native io_uring", "spdk": "SPDK vhost"}
 
 
 def serve(a):
@@ -104,6 +109,10 @@ def serve(a):
     ]
     if a.baseline:
         servers.insert(1, vqblk("vqblk (baseline)", shlex.split(a.baseline_extra), a.baseline))
+    if wanted and "SPDK vhost" in wanted:
+        # Opt-in: SPDK's target from ../shared/peers/ (its reactor spins one core).
+        servers.append(("SPDK vhost", lambda b, i, s: benchlib.start_spdk(b, i, s, a.spdk_held, a.spdk_script,
+                                                                        cpus=sc)))
     if wanted:
         servers = [s for s in servers if s[0] in wanted]
     runs = {}
@@ -112,12 +121,19 @@ def serve(a):
         procs = {}
         try:
             for server, start in servers:
+                if server == "SPDK vhost":
+                    continue  # started for its own runs only: it spins a core
                 sock = os.path.join(work, f"{server.replace(' ', '_')}-{backend}.sock")
                 if os.path.exists(sock):
                     os.unlink(sock)
                 procs[server] = (start(backend, image, sock), sock)
                 wait_socket(sock, procs[server][0])
             targets = [(name, f"unix:{sock}", p.pid) for name, (p, sock) in procs.items()]
+            spdk = next((start for server, start in servers if server == "SPDK vhost"), None)
+            if spdk:
+                # SPDK runs chrooted: its socket lies inside the chroot.
+                spdk_sock = os.path.join(benchlib.spdk_root(a.spdk_held), "tmp", f"bench-{backend}.sock")
+                targets.append(("SPDK vhost", f"unix:{spdk_sock}", None))
             # vqblk's own counters (calls per I/O) come from its stats file.
             counters = {name: ["--server-pid", str(p.pid), "--server-stats", stats_file(name, backend)]
                         for name, (p, _) in procs.items() if name.startswith("vqblk")}
@@ -132,8 +148,17 @@ def serve(a):
                         continue
                     for name, target, pid in targets[k:] + targets[:k]:
                         extra_args = ["--libblkio_wait_mode", a.wait_mode] + counters.get(name, [])
+                        wrapper = None
+                        if name == "SPDK vhost":
+                            wrapper = spdk(backend, image, target[len("unix:"):])
+                            pid = benchlib.spdk_pid(wrapper)
+                            wait_socket(target[len("unix:"):], wrapper, timeout=60)
                         rtt = cacheline_rtt(rtt_cpus) if rtt_cpus else None
-                        r = run_bench(target, depth, a.runtime, pid, extra=extra_args, cpus=a.client_cpus)
+                        try:
+                            r = run_bench(target, depth, a.runtime, pid, extra=extra_args, cpus=a.client_cpus)
+                        finally:
+                            if wrapper:
+                                stop(wrapper)
                         if rtt_cpus:
                             r["cacheline_rtt_before_ns"] = rtt
                             r["cacheline_rtt_after_ns"] = cacheline_rtt(rtt_cpus)
@@ -190,6 +215,14 @@ def serve(a):
             ratio(get("vqblk --poll off", "file", 16, "iops"), get(n, "file", 16, "iops")),
         "file qd16 IOPS qsd/native": ratio(get(q, "file", 16, "iops"), get(n, "file", 16, "iops")),
     }
+    sp = "SPDK vhost"
+    for backend, depth in cells:
+        # Per server core: SPDK's reactor always spins a whole one.
+        ratios[f"{backend} qd{depth} IOPS vqblk/SPDK"] = ratio(get("vqblk", backend, depth, "iops"),
+                                                             get(sp, backend, depth, "iops"))
+        ratios[f"{backend} qd{depth} IOPS per server core vqblk/SPDK"] = ratio(
+            ratio(get("vqblk", backend, depth, "iops"), get("vqblk", backend, depth, "server_cpu_per_s")),
+            ratio(get(sp, backend, depth, "iops"), get(sp, backend, depth, "server_cpu_per_s")))
     print()
     for k, v in ratios.items():
         if v == v:  # not NaN: both cells ran
@@ -783,7 +816,12 @@ def parser():
     p.add_argument("--client", default=None, metavar="BINARY",
                    help="the vqblk binary whose bench drives every server (default: this tree's)")
     p.add_argument("--servers", default=None,
-                   help="comma-separated servers to run: vqblk, baseline, poll-off, qsd, native (default: all)")
+                   help="comma-separated servers to run: vqblk, baseline, poll-off, qsd, native, spdk "
+                        "(default: all but spdk)")
+    p.add_argument("--spdk-held", default="/var/tmp/vqblk-peers", metavar="DIR",
+                   help="where ../shared/peers/ built SPDK (HELD; default /var/tmp/vqblk-peers)")
+    p.add_argument("--spdk-script", default=os.path.join(os.path.dirname(ROOT), "shared", "peers", "spdk-null.sh"),
+                   metavar="PATH", help="SPDK's launcher (default ../shared/peers/spdk-null.sh)")
     p.add_argument("--server-cpus", default=None, help="taskset CPU list for every server (e.g. 1)")
     p.add_argument("--client-cpus", default=None, help="taskset CPU list for the client (e.g. 0)")
     p.add_argument("--rtt-cpus", default=None, metavar="A,B",

@@ -109,6 +109,52 @@ def start_qsd(backend, image, sock, queues=1, poll_max_ns=None, cpus=None):
     return subprocess.Popen(pinned(args, cpus), stdout=subprocess.DEVNULL)
 
 
+def spdk_root(held):
+    """The chroot of SPDK's build (../shared/peers/: trixie.sh, spdk.sh) under HELD."""
+    return os.path.join(held, "trixie")
+
+
+def start_spdk(backend, image, sock, held, script, cpus=None):
+    """SPDK's vhost target serving one controller at `sock` (inside the chroot:
+    HELD/trixie/tmp/...) from a null bdev, or from an aio bdev on `image`
+    (bind-mounted at /mnt in the chroot: SPDK's aio bdev opens it O_DIRECT).
+    Its reactor polls the one CPU of `cpus` (default 1). Returns the wrapper's
+    Popen; the server's own pid is spdk_pid(wrapper)."""
+    env = dict(os.environ, HELD=held)
+    if null_latency(backend) is None:
+        mnt = os.path.join(spdk_root(held), "mnt")
+        os.makedirs(mnt, exist_ok=True)
+        if subprocess.run(["mountpoint", "-q", mnt]).returncode != 0:
+            subprocess.run(["mount", "--bind", os.path.dirname(image), mnt], check=True)
+        env["BDEV_RPC"] = f"bdev_aio_create /mnt/{os.path.basename(image)} null0 512"
+    elif null_latency(backend):
+        sys.exit("SPDK's null bdev has no latency: use null or file cells with spdk")
+    cpu = (cpus or "1").split(",")[0]
+    return subprocess.Popen([script, sock, cpu], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+def spdk_pid(wrapper, timeout=60):
+    """The pid of spdk_tgt started by spdk-null.sh `wrapper` (its child)."""
+    t = time.time()
+    while time.time() - t < timeout:
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    st = f.read()
+            except OSError:
+                continue
+            name = st[st.index("(") + 1:st.rindex(")")]
+            if int(st.rsplit(")", 1)[1].split()[1]) == wrapper.pid and name.startswith(("spdk_tgt", "reactor")):
+                return int(d)
+        if wrapper.poll() is not None:
+            sys.exit("spdk-null.sh exited early (build SPDK with ../shared/peers/spdk.sh)")
+        time.sleep(0.1)
+    sys.exit("spdk_tgt did not start")
+
+
 def run_bench(target, iodepth, runtime, server_pid=None, rw="randread", numjobs=1, bs="4k", extra=(), cpus=None):
     args = [VQBLK, "bench", "--name", "bench", "--target", target, "--rw", rw, "--bs", bs,
             "--numjobs", str(numjobs), "--iodepth", str(iodepth), "--runtime", str(runtime), "--ramp_time", "1",
