@@ -4,6 +4,8 @@ server's CPU time from /proc (summed over all of its threads), and measure the
 cache-line round trip between two CPUs."""
 import json
 import os
+import re
+import shlex
 import shutil
 import signal
 import statistics
@@ -297,15 +299,40 @@ def qsd_throttle_args(limits, nodes=("disk",)):
     return args, [f"thr-{n}" for n in nodes]
 
 
+# fio's status line as `vqblk bench` draws it on a terminal:
+# `Jobs: 1 [16.7%][r=4371KiB/s,w=0B/s][r=1.09k,w=0 IOPS][eta 00m:05s]`.
+STATUS_LINE = re.compile(r"Jobs: \d+ \[([\d.]+)%\]\[r=([\d.]+)(B|KiB|MiB|GiB)/s,w=([\d.]+)(B|KiB|MiB|GiB)/s\]")
+BINARY = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 
-def client_seconds(target, seconds, iodepth=32):
-    """Requests a client completes in each of `seconds` back-to-back 1 s runs
-    (4k random reads; a fresh connection each second, so the server's limits
-    carry over and the client's series is the same kind for every server)."""
-    out = []
-    for _ in range(seconds):
-        proc = subprocess.run([VQBLK, "bench", "--name", "s", "--target", target, "--rw", "randread", "--bs", "4k",
-                               "--iodepth", str(iodepth), "--runtime", "1", "--time_based", "--size", "256M",
-                               "--output-format", "json"], capture_output=True, text=True, check=True)
-        out.append(json.loads(proc.stdout)["jobs"][0]["read"]["total_ios"])
-    return out
+
+def status_series(text, bs):
+    """Requests a second, one per update of the status lines in `text` (a
+    terminal's output, frames separated by carriage returns). Each update
+    sets the rates over the last interval (at least 1 s) and then the
+    progress, so the first frame with a new progress figure carries that
+    update's rates; the frames at 0.0% are drawn before the first update's
+    progress. The bytes (four digits) are more precise than the IOPS (three)."""
+    series = {}
+    for frame in re.split(r"[\r\n]", text):
+        m = STATUS_LINE.search(frame)
+        if not m or float(m.group(1)) == 0 or m.group(1) in series:
+            continue
+        nbytes = float(m.group(2)) * BINARY[m.group(3)] + float(m.group(4)) * BINARY[m.group(5)]
+        series[m.group(1)] = nbytes / bs
+    return list(series.values())
+
+
+def client_series(target, seconds, iodepth=32, bs=4096):
+    """Requests a second completed by one `vqblk bench` run of `seconds`
+    (random reads of `bs`, one connection, no ramp), read from the status
+    line it draws once a second on a terminal (script(1) gives it one): the
+    series of one uninterrupted client, whatever the server, which need not
+    count anything itself (qemu-storage-daemon's exports have no counters)."""
+    cmd = [VQBLK, "bench", "--name", "s", "--target", target, "--rw", "randread", "--bs", str(bs),
+           "--iodepth", str(iodepth), "--runtime", str(seconds), "--time_based", "--size", "256M"]
+    out = subprocess.run(["script", "-qefc", shlex.join(cmd), "/dev/null"], capture_output=True, text=True,
+                         check=True).stdout
+    series = status_series(out, bs)
+    if len(series) < seconds - 1:
+        raise RuntimeError(f"{len(series)} status updates in a {seconds} s run: {out[-500:]!r}")
+    return series
