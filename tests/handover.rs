@@ -32,12 +32,27 @@ struct Daemon {
 
 impl Daemon {
     fn start(dir: &Path, sock: &Path, image: &Path, run: u32, extra: &[&str]) -> Daemon {
+        let image = [
+            "--image".as_ref(),
+            image.as_os_str(),
+            "--backend".as_ref(),
+            "threads".as_ref(),
+        ];
+        Daemon::start_on(dir, sock, &image, run, extra)
+    }
+
+    fn start_on(
+        dir: &Path,
+        sock: &Path,
+        disk: &[&std::ffi::OsStr],
+        run: u32,
+        extra: &[&str],
+    ) -> Daemon {
         let log = dir.join(format!("daemon-{run}.log"));
         let child = Command::new(env!("CARGO_BIN_EXE_vqblk"))
             .arg("serve")
-            .arg("--image")
-            .arg(image)
-            .args(["--backend", "threads", "--queues", "1", "--iothreads", "1"])
+            .args(disk)
+            .args(["--queues", "1", "--iothreads", "1"])
             .args(["--poll", "off", "--log-level", "debug", "--socket"])
             .arg(sock)
             .args(extra)
@@ -232,6 +247,41 @@ fn an_idle_export_is_handed_over_and_accepts_frontends() {
     run(&mut f, 1, T_IN, 0, 0, || new.log());
     assert_eq!(data_of(&f, 1), [0xc3; 4096]);
     assert!(!new.log().contains("takeover: waiting"), "{}", new.log());
+}
+
+/// A request in flight when the successor knocks completes in the old
+/// process (the drain), once: the new one has nothing to execute again.
+#[test]
+fn a_request_in_flight_at_the_handover_completes_once() {
+    let dir = common::scratch("handover-inflight");
+    let sock = dir.join("null.sock");
+    // A null export whose requests take 300 ms.
+    let null = [
+        "--backend",
+        "null",
+        "--size",
+        "16M",
+        "--latency-ns",
+        "300000000",
+    ]
+    .map(std::ffi::OsStr::new);
+    let mut old = Daemon::start_on(&dir, &sock, &null, 1, &[]);
+    let mut f = Frontend::connect_when_listening(&sock);
+    setup(&mut f);
+    lay_out(&f, 0, T_OUT, 0, 0xe5);
+    f.push(head(0));
+    let new = Daemon::start_on(&dir, &sock, &null, 2, &["--takeover"]);
+    let st = old.exited_within(Duration::from_secs(20));
+    assert!(st.is_some_and(|s| s.success()), "{}", old.log());
+    // Completed by the old daemon's drain, before it handed over.
+    assert_eq!(f.mem.read_u16(USED + 2), 1, "{}", old.log());
+    assert_eq!(f.wait_used(1).map(|u| u[0].0), Some(head(0) as u32));
+    assert_eq!(f.mem.read(STATUS, 1)[0], S_OK);
+    run(&mut f, 1, T_OUT, 8, 0xe6, || new.log());
+    std::thread::sleep(Duration::from_millis(400));
+    assert_eq!(f.mem.read_u16(USED + 2), 2, "request 0 completed twice?");
+    assert!(!new.log().contains("to execute again"), "{}", new.log());
+    assert!(!closed(&f));
 }
 
 /// Writes a length-prefixed JSON message of the handover protocol.

@@ -699,7 +699,7 @@ fn control_loop(
         let session = match resumed.take() {
             Some(s) => s,
             None => {
-                let knock = port.as_ref().map(|p| p.fd());
+                let knock = port.as_ref().and_then(|p| p.fd());
                 match wait_frontend(listener.as_raw_fd(), knock, &shutdown) {
                     None => break,
                     Some(false) => {

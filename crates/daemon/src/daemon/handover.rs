@@ -42,6 +42,9 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long the successor waits for the state: the predecessor drains the
 /// rings first (GET_VRING_BASE waits up to 60 s for a queue).
 const STATE_TIMEOUT: Duration = Duration::from_secs(90);
+/// Binding the handover socket is tried this many times, 20 ms apart, while
+/// another process holds the name.
+const BIND_TRIES: u32 = 10;
 
 /// This process's effective uid, read once by a thread allowed to ask
 /// (the export threads' seccomp filter does not allow `geteuid`).
@@ -139,7 +142,8 @@ fn read_within(stream: &mut UnixStream, mut buf: &mut [u8], deadline: Instant) -
 
 /// Where an export waits for its successor.
 pub(crate) struct HandoverPort {
-    listener: UnixListener,
+    /// None once closed (the daemon stops).
+    listener: Option<UnixListener>,
     ours: Hello,
     export: String,
     /// Set once the export's socket belongs to the successor: this daemon's
@@ -157,8 +161,22 @@ impl HandoverPort {
         max_queue_size: u16,
     ) -> io::Result<HandoverPort> {
         our_uid();
+        let addr = address(socket)?;
+        // A predecessor that could not hand over (the reconnect path) stops
+        // listening at the name when its stop begins, a moment after it
+        // released the socket this daemon waited for.
+        let mut tries = 0;
+        let listener = loop {
+            match UnixListener::bind_addr(&addr) {
+                Err(e) if e.kind() == io::ErrorKind::AddrInUse && tries < BIND_TRIES => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                r => break r?,
+            }
+        };
         Ok(HandoverPort {
-            listener: UnixListener::bind_addr(&address(socket)?)?,
+            listener: Some(listener),
             ours: Hello::ours(queues, max_queue_size),
             export: export.into(),
             handed_over: Arc::new(AtomicBool::new(false)),
@@ -171,7 +189,10 @@ impl HandoverPort {
     }
 
     fn handshake(&mut self) -> io::Result<Option<UnixStream>> {
-        let (mut stream, _) = self.listener.accept()?;
+        let Some(listener) = &self.listener else {
+            return Ok(None);
+        };
+        let (mut stream, _) = listener.accept()?;
         let pid = same_user(&stream)?;
         let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
         let hello: Hello = decode(&read_frame(&mut stream, deadline)?).map_err(io::Error::other)?;
@@ -227,6 +248,9 @@ impl HandoverPort {
         let fds: Vec<RawFd> = std::iter::once(listener.as_raw_fd())
             .chain(files.iter().map(File::as_raw_fd))
             .collect();
+        // Before the last byte leaves: the successor stops this process as
+        // soon as it has everything, and the stop must find the socket given.
+        handed_over.store(true, Ordering::Release);
         let sent = channel.write_all(&encode(&msg)).and_then(|()| {
             for chunk in fds.chunks(FDS_PER_MESSAGE) {
                 // One byte carries each batch of fds (a stream socket passes
@@ -239,7 +263,6 @@ impl HandoverPort {
         });
         match sent {
             Ok(()) => {
-                handed_over.store(true, Ordering::Release);
                 info!(
                     "export {export}: handed over ({} fds); the successor serves it",
                     fds.len()
@@ -247,6 +270,7 @@ impl HandoverPort {
                 true
             }
             Err(e) => {
+                handed_over.store(false, Ordering::Release);
                 warn!("export {export}: handover failed: {e}");
                 false
             }
@@ -255,8 +279,12 @@ impl HandoverPort {
 }
 
 impl Successor for HandoverPort {
-    fn fd(&self) -> RawFd {
-        self.listener.as_raw_fd()
+    fn fd(&self) -> Option<RawFd> {
+        self.listener.as_ref().map(AsRawFd::as_raw_fd)
+    }
+
+    fn close(&mut self) {
+        self.listener = None;
     }
 
     fn knock(&mut self) -> Option<UnixStream> {

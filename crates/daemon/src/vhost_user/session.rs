@@ -63,11 +63,13 @@ pub struct Departure {
 /// the session watches [`Successor::fd`] between messages, and when it is
 /// readable asks [`Successor::knock`], which does the handshake.
 pub trait Successor {
-    /// Readable when a successor knocks.
-    fn fd(&self) -> RawFd;
+    /// Readable when a successor knocks; None once closed.
+    fn fd(&self) -> Option<RawFd>;
     /// Answers the knock; the channel to a successor that is to get the
     /// connection now, None when it was refused (the session goes on).
     fn knock(&mut self) -> Option<UnixStream>;
+    /// Stops listening for successors (the daemon is stopping).
+    fn close(&mut self);
 }
 
 /// Front-end request codes whose reply carries data (vhost-user spec): a
@@ -304,9 +306,16 @@ impl Session {
         let name = self.name.clone();
         let fd = self.fd;
         let end = loop {
-            let knock = successor.as_ref().map(|s| s.fd());
+            let knock = successor.as_ref().and_then(|s| s.fd());
             let code = match wait_message(fd, knock, shutdown) {
-                Incoming::Shutdown => break SessionEnd::Shutdown,
+                Incoming::Shutdown => {
+                    // Before the drain, which may take long: a successor
+                    // started meanwhile can then listen at the same name.
+                    if let Some(s) = successor.as_mut() {
+                        s.close();
+                    }
+                    break SessionEnd::Shutdown;
+                }
                 Incoming::Knock => {
                     let Some(channel) = successor.as_mut().and_then(|s| s.knock()) else {
                         continue;
