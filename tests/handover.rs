@@ -336,3 +336,91 @@ fn a_successor_of_another_version_is_refused_and_the_connection_stays() {
     assert_eq!(queue_num(&mut f), Reply::Data(1u64.to_le_bytes().to_vec()));
     assert!(old.log().contains("refused"), "{}", old.log());
 }
+
+/// Ten upgrades in a row under a stream of requests (the frontend writes a
+/// block and reads it back, one request at a time): every request completes
+/// with the right data, the used index counts every one, the connection is
+/// never closed, and each new daemon took it over. Prints, per upgrade, the
+/// longest time between two completions around it (the frontend's pause)
+/// and their median.
+#[test]
+fn ten_upgrades_under_requests_lose_nothing() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    const UPGRADES: u32 = 10;
+    let dir = common::scratch("handover-ten");
+    let sock = dir.join("disk.sock");
+    let img = image(&dir);
+    let first = Daemon::start(&dir, &sock, &img, 0, &[]);
+    let mut f = Frontend::connect_when_listening(&sock);
+    setup(&mut f);
+    let done = Arc::new(AtomicBool::new(false));
+    // (start, old daemon gone) of each upgrade.
+    let windows = Arc::new(Mutex::new(Vec::new()));
+    let upgrader = {
+        let (dir, sock, img) = (dir.clone(), sock.clone(), img.clone());
+        let (done, windows) = (done.clone(), windows.clone());
+        std::thread::spawn(move || {
+            let mut d = first;
+            for k in 1..=UPGRADES {
+                std::thread::sleep(Duration::from_millis(150));
+                let t = Instant::now();
+                let new = Daemon::start(&dir, &sock, &img, k, &["--takeover"]);
+                let st = d.exited_within(Duration::from_secs(20));
+                assert!(
+                    st.is_some_and(|s| s.success()),
+                    "daemon {}: {}",
+                    k - 1,
+                    d.log()
+                );
+                windows.lock().unwrap().push((t, Instant::now()));
+                assert!(
+                    new.log().contains("connection taken over"),
+                    "daemon {k}: {}",
+                    new.log()
+                );
+                d = new;
+            }
+            std::thread::sleep(Duration::from_millis(150));
+            done.store(true, Ordering::Release);
+            d
+        })
+    };
+    let mut completions = Vec::new();
+    let mut i: u64 = 0;
+    while !done.load(Ordering::Acquire) {
+        let slot = (i % 4) as u16;
+        let sector = (i % 64) * 8;
+        let fill = (i % 251) as u8 + 1;
+        run(&mut f, slot, T_OUT, sector, fill, || format!("write {i}"));
+        completions.push(Instant::now());
+        run(&mut f, slot, T_IN, sector, 0, || format!("read {i}"));
+        completions.push(Instant::now());
+        assert_eq!(data_of(&f, slot), [fill; 4096], "block of write {i}");
+        i += 1;
+    }
+    let last = upgrader.join().unwrap();
+    assert!(!closed(&f));
+    assert_eq!(f.mem.read_u16(USED + 2), (2 * i) as u16, "{}", last.log());
+    let mut pauses: Vec<Duration> = windows
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|&(start, end)| {
+            // The gaps between completions that overlap the upgrade.
+            completions
+                .windows(2)
+                .filter(|w| w[1] >= start && w[0] <= end)
+                .map(|w| w[1] - w[0])
+                .max()
+                .unwrap_or_default()
+        })
+        .collect();
+    eprintln!("handover: {i} writes and reads; pause per upgrade {pauses:?}");
+    pauses.sort();
+    eprintln!(
+        "handover: median pause {:?}, longest {:?} (raw frontend, QD1)",
+        pauses[pauses.len() / 2],
+        pauses[pauses.len() - 1]
+    );
+}

@@ -275,11 +275,11 @@ impl Session {
         let fd = ours.as_raw_fd();
         let mut handler = BackendReqHandler::from_stream(ours, conn.clone());
         replay_negotiation(&mut handler, &mut replay, state)?;
-        // SAFETY: dup2 makes `fd`, which the handler's stream owns, refer to
+        // SAFETY: dup3 makes `fd`, which the handler's stream owns, refer to
         // the frontend's socket (closing the pair's end, which nothing else
         // refers to); `stream` keeps its own fd, closed when it drops below.
         // The handler's stream stays the only owner of `fd`.
-        if unsafe { libc::dup2(stream.as_raw_fd(), fd) } < 0 {
+        if unsafe { libc::dup3(stream.as_raw_fd(), fd, libc::O_CLOEXEC) } < 0 {
             return Err(io::Error::last_os_error());
         }
         drop(stream);
