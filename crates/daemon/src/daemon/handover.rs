@@ -2,17 +2,19 @@
 //! socket and live vhost-user connection to its successor (`vqblk serve
 //! --takeover`), so the frontend never sees the connection close.
 //!
+//! The protocol's data is `vhost_user::handover` (pure).
+//!
 //! Every export listens, besides its socket, on an abstract unix socket
-//! named after it ([`listener_name`]: no file to clean up, gone with the
+//! named after it (`listener_name`: no file to clean up, gone with the
 //! process). The successor connects there, both ends check that the other
 //! runs as the same user (`SO_PEERCRED`: the fds give access to guest
-//! memory), and it says hello ([`Hello`]: magic, state format, version, the
+//! memory), and it says hello (`Hello`: magic, state format, version, the
 //! export's shape). The export thread answers between two vhost-user
 //! messages: a refusal (another version or shape) leaves it serving, and
 //! the successor falls back to waiting for the socket, as before handovers
 //! existed (the frontend then reconnects). Accepted, it stops reading
-//! messages, drains every ring, and sends a [`Handover`] (the connection's
-//! state) followed by the fds (`SCM_RIGHTS`, [`FDS_PER_MESSAGE`] per
+//! messages, drains every ring, and sends a `Handover` (the connection's
+//! state) followed by the fds (`SCM_RIGHTS`, `FDS_PER_MESSAGE` per
 //! message): the listener, then the connection's. Its thread then ends; the
 //! successor resumes the message loop on the same socket (what the frontend
 //! sent meanwhile is still queued on it) and sends the old process SIGTERM,
