@@ -67,6 +67,18 @@ impl Daemon {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Waits up to 10 s for `needle` in the log.
+    fn logged(&self, needle: &str) -> bool {
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(10) {
+            if self.log().contains(needle) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        false
+    }
+
     /// Waits up to `limit` for the process to exit on its own.
     fn exited_within(&mut self, limit: Duration) -> Option<ExitStatus> {
         let t = Instant::now();
@@ -200,7 +212,7 @@ fn an_upgrade_hands_the_live_connection_over() {
     );
     assert!(old.log().contains("handed over"), "{}", old.log());
     assert!(
-        new.log().contains("connection taken over, rings resumed"),
+        new.logged("connection taken over, rings resumed"),
         "{}",
         new.log()
     );
@@ -374,8 +386,9 @@ fn ten_upgrades_under_requests_lose_nothing() {
                     d.log()
                 );
                 windows.lock().unwrap().push((t, Instant::now()));
+                // Logged once the rings run, maybe after the old one exited.
                 assert!(
-                    new.log().contains("connection taken over"),
+                    new.logged("connection taken over"),
                     "daemon {k}: {}",
                     new.log()
                 );
@@ -423,4 +436,68 @@ fn ten_upgrades_under_requests_lose_nothing() {
         pauses[pauses.len() / 2],
         pauses[pauses.len() - 1]
     );
+}
+
+/// An upgrade during a live migration: the dirty log (its fd, size and the
+/// used ring's log address) goes with the connection, and the new daemon
+/// marks the pages a request writes, as the old one did.
+#[test]
+fn an_upgrade_during_a_migration_keeps_logging_dirty_pages() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::FileExt;
+    // VHOST_USER_PROTOCOL_F_LOG_SHMFD, VHOST_F_LOG_ALL, SET_LOG_BASE.
+    const PF_LOG_SHMFD: u64 = 1 << 1;
+    const F_LOG_ALL: u64 = 1 << 26;
+    const SET_LOG_BASE: u32 = 6;
+    let dir = common::scratch("handover-log");
+    let sock = dir.join("disk.sock");
+    let img = image(&dir);
+    let mut old = Daemon::start(&dir, &sock, &img, 1, &[]);
+    let mut f = Frontend::connect_when_listening(&sock);
+    assert!(f.negotiate_with(PF_LOG_SHMFD) & PF_LOG_SHMFD != 0);
+    assert!(f.features & F_LOG_ALL != 0, "LOG_ALL acked");
+    assert!(f.set_mem_table(&[f.whole_region()]).ok());
+    assert!(f.setup_ring(0).ok());
+    let needed = (MEM_SIZE / 4096 / 8) as usize;
+    let log = File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(dir.join("log"))
+        .unwrap();
+    log.set_len(4096).unwrap();
+    let mut p = (needed as u64).to_le_bytes().to_vec();
+    p.extend_from_slice(&0u64.to_le_bytes());
+    let r = f.call_ack(SET_LOG_BASE, &p, &[log.as_raw_fd()]);
+    assert!(matches!(&r, Reply::Data(p) if p.len() == 16), "{r:?}");
+    // The used ring is logged at its guest address (VHOST_VRING_F_LOG).
+    let u = f.mem.user_addr();
+    let mut addr = 0u32.to_le_bytes().to_vec();
+    addr.extend_from_slice(&1u32.to_le_bytes());
+    for v in [u + DESC, u + USED, u + AVAIL, USED] {
+        addr.extend_from_slice(&v.to_le_bytes());
+    }
+    assert!(f.call_ack(req::SET_VRING_ADDR, &addr, &[]).ok());
+    let marked = |log: &File| {
+        let mut buf = vec![0u8; needed];
+        log.read_exact_at(&mut buf, 0).unwrap();
+        (0..needed as u64 * 8)
+            .filter(|p| buf[(p / 8) as usize] & (1 << (p % 8)) != 0)
+            .collect::<Vec<u64>>()
+    };
+    let want = vec![USED / 4096, STATUS / 4096, DATA / 4096];
+    assert_eq!(f.request(T_IN, 0, 4096), Some(S_OK));
+    assert_eq!(marked(&log), want, "the old daemon logs");
+    log.write_all_at(&vec![0u8; needed], 0).unwrap();
+
+    let new = Daemon::start(&dir, &sock, &img, 2, &["--takeover"]);
+    let st = old.exited_within(Duration::from_secs(20));
+    assert!(st.is_some_and(|s| s.success()), "{}", old.log());
+    assert!(new.logged("rings resumed"), "{}", new.log());
+    // Starting the ring may write the used ring's flags (logged too).
+    log.write_all_at(&vec![0u8; needed], 0).unwrap();
+    assert_eq!(f.request(T_IN, 8, 4096), Some(S_OK), "{}", new.log());
+    assert_eq!(marked(&log), want, "the new daemon logs:\n{}", new.log());
+    assert!(!closed(&f));
 }
