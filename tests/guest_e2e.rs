@@ -1324,8 +1324,9 @@ fn guest_writes_survive_daemon_kills_file() {
     writes_survive_kills("kills-file", false, false);
 }
 
-/// [`writes_survive_kills`] with upgrades (`serve --takeover`, SIGTERM to
-/// the old daemon) instead of kills: the guest-visible stall of an upgrade.
+/// [`writes_survive_kills`] with upgrades (`serve --takeover`: the live
+/// connection is handed over, QEMU never reconnects) instead of kills: the
+/// guest-visible stall of an upgrade, and the rings' stop per upgrade.
 #[test]
 fn guest_writes_survive_daemon_upgrades_file() {
     writes_survive_kills("upgrades-file", false, true);
