@@ -1208,6 +1208,8 @@ fn writes_survive_kills(name: &'static str, null: bool, upgrade: bool) -> f64 {
     );
     // Kills spread over most of the writing time, at pseudo-random moments.
     let mut rng = std::process::id() as u64 ^ 0x9e37_79b9_7f4a_7c15;
+    // When each kill was sent, in the logs' time (UTC ms of the day).
+    let mut killed_at = Vec::new();
     for k in 1..=KILLS {
         rng ^= rng << 13;
         rng ^= rng >> 7;
@@ -1217,6 +1219,10 @@ fn writes_survive_kills(name: &'static str, null: bool, upgrade: bool) -> f64 {
         if upgrade {
             d = d.upgrade(&case, &tag, &opts, &extra);
         } else {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap();
+            killed_at.push((now.as_millis() % 86_400_000) as u64);
             d.kill9(&case);
             d = Daemon::start_with(&case, &tag, &opts, &extra);
         }
@@ -1258,6 +1264,20 @@ fn writes_survive_kills(name: &'static str, null: bool, upgrade: bool) -> f64 {
             )
         });
     } else {
+        // The rings' stop per kill: from the SIGKILL to the next daemon's
+        // first ring running again (QEMU reconnected and set it up).
+        let mut stops: Vec<u64> = (1..=KILLS)
+            .zip(&killed_at)
+            .filter_map(|(k, &at)| {
+                let to = logged_at_ms(&case.dir.join(format!("vqblk-{k}.log")), "vring 0 started")?;
+                Some(to.saturating_sub(at))
+            })
+            .collect();
+        eprintln!("[e2e]   rings stopped per kill (ms, kill to ring start): {stops:?}");
+        stops.sort_unstable();
+        if let (Some(median), Some(max)) = (stops.get(stops.len() / 2), stops.last()) {
+            eprintln!("[e2e]   rings stopped: median {median} ms, longest {max} ms");
+        }
         case.check(reconnected == KILLS as usize, || {
             format!("QEMU reconnected to {reconnected} of the {KILLS} restarted daemons")
         });
