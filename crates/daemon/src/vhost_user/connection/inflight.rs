@@ -8,12 +8,13 @@ use std::fs::File;
 
 use log::{debug, info, warn};
 use vhost::vhost_user::message::VhostUserInflight;
-use vhost::vhost_user::Result as VhostResult;
+use vhost::vhost_user::{Error as VhostError, Result as VhostResult};
 use virtio_queue::{Queue, QueueT};
 
 use super::{invalid, Connection};
 use crate::inflight::{InflightLayout, InflightRegion};
 use crate::iothread::InflightTracking;
+use crate::vhost_user::handover::InflightState;
 
 impl Connection {
     /// GET_INFLIGHT_FD: a fresh region of the shape the frontend asks for,
@@ -38,6 +39,15 @@ impl Connection {
             layout.queue_size()
         );
         self.inflight = Some(region);
+        self.inflight_file = Some((
+            InflightState {
+                mmap_size: layout.mmap_size(),
+                mmap_offset: 0,
+                num_queues: layout.num_queues(),
+                queue_size: layout.queue_size(),
+            },
+            file.try_clone().map_err(VhostError::ReqHandlerError)?,
+        ));
         let reply = VhostUserInflight::new(
             layout.mmap_size(),
             0,
@@ -76,6 +86,15 @@ impl Connection {
             self.export.device.name, inflight.num_queues, inflight.queue_size
         );
         self.inflight = Some(region);
+        self.inflight_file = Some((
+            InflightState {
+                mmap_size: inflight.mmap_size,
+                mmap_offset: inflight.mmap_offset,
+                num_queues: inflight.num_queues,
+                queue_size: inflight.queue_size,
+            },
+            file,
+        ));
         Ok(())
     }
 
