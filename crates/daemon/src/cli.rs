@@ -377,7 +377,12 @@ pub fn run_serve(args: ServeArgs) -> i32 {
         None => None,
         Some(m) => {
             let addr = m.addr().expect("validated");
-            match MetricsServer::start(addr, daemon.iothread_stats(), cfg.seccomp) {
+            match MetricsServer::start(
+                addr,
+                daemon.iothread_stats(),
+                daemon.share_board(),
+                cfg.seccomp,
+            ) {
                 Ok(s) => Some(s),
                 Err(e) => {
                     eprintln!("vqblk serve: --metrics {addr}: {e}");

@@ -189,7 +189,7 @@ impl ShareAllocator {
     }
 
     /// The device's capacity estimate, operations per second (None: the
-    /// device has not been seen saturated yet).
+    /// device has not done anything yet).
     pub fn capacity(&self) -> Option<f64> {
         self.capacity
     }
@@ -216,14 +216,14 @@ impl ShareAllocator {
             .collect();
         for (s, i) in states.iter_mut().zip(inputs) {
             let seen = i.seen;
-            if s.limited_at.is_some() && (seen.held || !seen.busy) {
+            if s.limited_at.is_some() && seen.held {
                 s.limited_at = None;
             }
         }
         let total: f64 = inputs.iter().map(|i| i.seen.done).sum();
         let cut_from = self.cut_from.take();
         self.capacity = match self.capacity {
-            None => inputs.iter().any(|i| i.seen.busy).then_some(total),
+            None => (total > 0.0).then_some(total),
             Some(c) => Some(self.adjust(c, total, cut_from, &mut states, inputs)),
         };
         let floor = MIN_CAP_IOPS * inputs.len() as f64;
@@ -259,16 +259,14 @@ impl ShareAllocator {
                 let (s, seen) = (&states[k], inputs[k].seen);
                 let expected = s.limited_at.or(s.cap);
                 let below_floor = seen.done < FLOOR * inputs[k].share.reservation;
-                seen.busy
-                    && !seen.held
-                    && (below_floor || expected.is_some_and(|e| seen.done < SHORT * e))
+                !seen.held && (below_floor || expected.is_some_and(|e| seen.done < SHORT * e))
             })
             .collect();
         if short.is_empty() {
             for s in states.iter_mut() {
                 s.done_at_cut = None;
             }
-            if !inputs.iter().any(|i| i.seen.held) {
+            if !inputs.iter().any(|i| i.seen.held) || total < SHORT * c {
                 self.streak = 0;
                 return c;
             }
@@ -532,15 +530,15 @@ mod tests {
         (a - b).abs() < 1e-6 * b.abs().max(1.0)
     }
 
-    /// Nothing is capped before the device was seen saturated; the first
-    /// busy interval measures it, and the reservation comes first, the rest
-    /// by weight.
+    /// Nothing is capped before the device did anything; the first interval
+    /// with I/O gives the first estimate, and the reservation comes first,
+    /// the rest by weight.
     #[test]
     fn reservations_fit() {
         let mut a = ShareAllocator::new();
         let idle = [
-            input(1, reserved(3000.0), 100.0, false, false),
-            input(2, weight(3), 200.0, false, false),
+            input(1, reserved(3000.0), 0.0, false, false),
+            input(2, weight(3), 0.0, false, false),
         ];
         assert_eq!(a.tick(&idle), vec![None, None]);
         assert_eq!(a.capacity(), None);

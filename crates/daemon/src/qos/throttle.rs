@@ -435,6 +435,18 @@ impl ThrottleLimits {
         c
     }
 
+    /// The most operations per second these limits let through in the long
+    /// run, if they cap both reads and writes.
+    pub fn iops_cap(&self) -> Option<u64> {
+        use BucketKind::{IopsRead, IopsTotal, IopsWrite};
+        let avg = |k| self.bucket(k).avg;
+        match (avg(IopsTotal), avg(IopsRead), avg(IopsWrite)) {
+            (0, 0, _) | (0, _, 0) => None,
+            (0, r, w) => Some(r + w),
+            (t, _, _) => Some(t),
+        }
+    }
+
     /// The most a bucket of `kind` lets through in `secs` seconds from empty,
     /// not counting the one request that may pass the bucket's size: the
     /// average rate for `secs` plus the bucket's size. 0 when unlimited.
