@@ -30,29 +30,36 @@
 //! # The allocator ([`ShareAllocator::tick`])
 //!
 //! Input per export and interval: reservation, weight, static IOPS limit,
-//! operations completed (a rate), whether it was **busy** (requests in flight
-//! most of the interval, or held back) and whether its cap **held** it back.
+//! operations completed (a rate), whether it was **busy** (at least half a
+//! request in flight on average, or held back) and whether its cap **held**
+//! it back.
 //!
 //! 1. **Demand.** A busy export wants more than it got (unbounded, up to its
-//!    static limit). An export that was idle part of the time, or that is
-//!    known to be limited by itself (below), wants what it did plus
-//!    [`HEADROOM`]: it gives the rest of its share back.
-//! 2. **Capacity.** The first interval in which some export is busy measures
-//!    `C` as what the device completed (no cap yet). Then, additive increase
-//!    and cut (AIMD): when caps bind (some export held by its cap) and the
-//!    device keeps up (it completed at least 90% of `C`), `C` grows by
-//!    [`GROWTH`]; when a busy export that its cap did not hold gets less
-//!    than 90% of its cap, the device is the bottleneck, and `C` is cut to
-//!    what it completed, less what the reserved exports among them missed of
-//!    their reservations (their neighbours' caps pay for it).
-//! 3. **Self-limited exports.** An export can be busy and still get less
-//!    than its cap because of itself: a guest at queue depth 1 behind a
-//!    device's latency. Cutting `C` then only takes from its neighbours. So
-//!    a cut is a probe: if an export that was short did not speed up by 5%
-//!    in the next interval, it is marked self-limited (its demand becomes
-//!    what it does plus headroom) and the cut is undone. The mark is dropped
-//!    when it is held by its cap, goes idle, or drops below 90% of the rate
-//!    it was marked at (the device slowed it: it is waiting on it again).
+//!    static limit). An export that was not busy, or that is known to want
+//!    no more (step 3), wants what it did plus [`HEADROOM`]: it gives the
+//!    rest of its share back.
+//! 2. **Capacity.** The first interval in which the device completes
+//!    anything gives the first estimate of `C`: what it completed. Then,
+//!    additive increase and cut (AIMD): when caps bind (some export held by
+//!    its cap) and the device keeps up (it completed at least 90% of `C`),
+//!    `C` grows by [`GROWTH`] (one step more each tick in a row, up to
+//!    [`MAX_STREAK`] steps); when an export that its cap did not hold gets
+//!    less than 90% of its cap, or a reserved one less than 98% of its
+//!    reservation, the device may be the bottleneck, and `C` is cut to what
+//!    the device completed. With every other export at most at its cap, an
+//!    export short of its cap by `s` means the device did at least `s` less
+//!    than `C`, so caps computed from what it did give the short export its
+//!    share and a reserved one its reservation (its neighbours pay). For
+//!    [`PROBE_TICKS`] after a cut, `C` does not grow past what the device did
+//!    then; after that it probes again.
+//! 3. **Exports that want no more.** An export can get less than its cap
+//!    because it asks for less (a light guest) or because of itself (a guest
+//!    at queue depth 1 behind the device's latency). Cutting `C` then only
+//!    takes from its neighbours. So a cut is a probe: if an export that was
+//!    short did not speed up by 5% in the next interval, it is marked
+//!    self-limited (its demand becomes what it does plus headroom) and the
+//!    cut is undone. The mark is dropped when its cap holds it back (it
+//!    wants more than it was given).
 //! 4. **Split** (water-filling): each export gets its reservation (its
 //!    demand, if less); what `C` leaves is split by weight among the exports
 //!    that want more, and the share an export does not want goes to the
@@ -69,8 +76,9 @@
 //! A change of load is seen at the next tick and acted on at once (an idle
 //! export that starts to flood is held by a cap near what it did, becomes
 //! busy, and gets its full share one tick later); a change of the device's
-//! capacity takes a cut (one tick) downwards and about `ln(x) / ln(GROWTH)`
-//! ticks to grow by a factor `x` upwards. Between ticks the caps are fixed:
+//! capacity takes a cut (one tick) downwards and, upwards, the probe delay
+//! after the last cut ([`PROBE_TICKS`]) and then about `sqrt(100 ln(x))`
+//! ticks to grow by a factor `x` (a factor 2.5 in about a second). Between ticks the caps are fixed:
 //! a floor holds on average over a few ticks, not per request. Counts are
 //! operations, whatever their size (`iops-size` is not applied).
 //!
@@ -100,11 +108,11 @@ const PROBE_TICKS: u32 = 10;
 /// An export that did not use its whole share is allowed this much more than
 /// it did before it counts as wanting more.
 pub const HEADROOM: f64 = 1.2;
-/// A busy export below this fraction of its cap, not held by it, waits on
+/// An export below this fraction of its cap, not held by it, may wait on
 /// the device.
 const SHORT: f64 = 0.9;
-/// A reserved busy export below this fraction of its reservation, not held,
-/// waits on the device.
+/// A reserved export below this fraction of its reservation, not held, may
+/// wait on the device.
 const FLOOR: f64 = 0.98;
 /// A short export that sped up by less than this after a cut is self-limited.
 const SPED_UP: f64 = 1.05;
