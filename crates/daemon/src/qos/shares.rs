@@ -101,10 +101,10 @@ pub const MIN_CAP_IOPS: f64 = 10.0;
 /// steps).
 pub const GROWTH: f64 = 1.02;
 /// Most steps of [`GROWTH`] in one tick.
-const MAX_STREAK: u32 = 5;
+pub const MAX_STREAK: u32 = 5;
 /// Ticks after a cut during which the estimate stays at most at what the
 /// device did when it failed (then it probes again).
-const PROBE_TICKS: u32 = 10;
+pub const PROBE_TICKS: u32 = 10;
 /// An export that did not use its whole share is allowed this much more than
 /// it did before it counts as wanting more.
 pub const HEADROOM: f64 = 1.2;
