@@ -27,8 +27,8 @@
 //! learn it through `Command::SetThrottle`, as a live change of limits) that
 //! stays, uncapped, if the device no longer has shares.
 //!
-//! Lock order: `exports` (the control plane's), taken for the sample and the
-//! writes; the data path takes none.
+//! Lock order: `exports` (the control plane's), taken for each tick's reading
+//! and writes; the data path takes none.
 
 use std::collections::HashMap;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
