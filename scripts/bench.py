@@ -16,7 +16,7 @@ Subcommands:
             librbd, on a throw-away local Ceph cluster
   qos       I/O limits: measured rates against the limits, bursts second by
             second beside qemu-storage-daemon, a throttle group of three, CPU
-            per I/O at a limit
+            per I/O at a limit; reservations and weights on one disk
 
 `scripts/bench.py SUBCOMMAND --help` lists each one's options. Every
 subcommand builds `target/release/vqblk` if it is missing.
@@ -660,6 +660,12 @@ Tables (--tables, comma-separated):
           by the client's own time per request measured in the first run;
           and qemu-storage-daemon at the same limit (a throttle node over
           null-co), the same client
+  shares  reservations and weights: two O_DIRECT file exports whose images
+          share a directory (one backing device). First one export alone at
+          QD64 (what the disk does), then one with reservation-iops of 40% of
+          that at --shares-depth while the other floods at QD64 (its rate
+          against the reservation; target >= 0.95x), then weights 3:1 both
+          flooding at QD64 (the split; target within 10% of 3:1)
 
 Every cell is printed with the machine's 1-minute load average and the
 cache-line round trip between CPUs 0 and 1 (scripts/cacheline-rtt.sh) taken
@@ -895,6 +901,65 @@ def qos_cpu(a, work):
     return rows
 
 
+def qos_shares(a, work):
+    for n in ["a", "b"]:
+        make_image(os.path.join(work, f"{n}.raw"), 256)
+
+    def serve_two(keys_a, keys_b):
+        cfg = os.path.join(work, "shares.toml")
+        with open(cfg, "w") as f:
+            f.write("[iothreads]\ncount = 2\n")
+            for n, keys in [("a", keys_a), ("b", keys_b)]:
+                f.write(f'\n[[export]]\nname = "{n}"\nimage = "{work}/{n}.raw"\ncache = "none"\n'
+                        f'socket = "{work}/{n}.sock"\n{keys}')
+        proc = subprocess.Popen([benchlib.VQBLK, "serve", "--config", cfg, "--log-level", "warn"],
+                                stdout=subprocess.DEVNULL)
+        for n in ["a", "b"]:
+            wait_socket(f"{work}/{n}.sock", proc)
+        return proc
+
+    def together(depths):
+        res = {}
+
+        def one(n, d):
+            res[n] = run_bench(f"unix:{work}/{n}.sock", d, a.runtime)["iops"]
+
+        threads = [threading.Thread(target=one, args=(n, d)) for n, d in depths.items()]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return res
+
+    proc = serve_two("", "")
+    try:
+        alone = together({"a": 64})["a"]
+        unshared = together({"a": a.shares_depth, "b": 64})
+    finally:
+        stop(proc)
+    reservation = int(0.4 * alone)
+    proc = serve_two(f"reservation-iops = {reservation}\n", "")
+    try:
+        reserved = together({"a": a.shares_depth, "b": 64})
+    finally:
+        stop(proc)
+    proc = serve_two("weight = 3\n", "weight = 1\n")
+    try:
+        weighted = together({"a": 64, "b": 64})
+    finally:
+        stop(proc)
+    print(f"\nthe disk alone (a, QD64): {alone:.0f} IOPS")
+    print("| case | a | b | target |")
+    print("|---|---|---|---|")
+    print(f"| no shares, a QD{a.shares_depth}, b QD64 | {unshared['a']:.0f} | {unshared['b']:.0f} | - |")
+    print(f"| a reservation-iops={reservation}, QD{a.shares_depth}; b QD64 | {reserved['a']:.0f} "
+          f"({reserved['a'] / reservation:.2f}x the reservation) | {reserved['b']:.0f} | >= 0.95x |")
+    print(f"| weights 3:1, both QD64 | {weighted['a']:.0f} | {weighted['b']:.0f} "
+          f"(split {weighted['a'] / max(weighted['b'], 1):.2f}:1) | 3:1 within 10% |")
+    return {"alone": alone, "unshared": unshared, "reservation": reservation, "reserved": reserved,
+            "weighted": weighted}
+
+
 def qos(a):
     tables = a.tables.split(",")
     ensure_tools(qsd="burst" in tables)
@@ -902,7 +967,8 @@ def qos(a):
     work = tempfile.mkdtemp(prefix="bench-qos-", dir=os.path.join(ROOT, "target"))
     out = {"versions": versions(), "args": vars(a), "start": machine_state()}
     print(f"start: {state_text(out['start'])}", flush=True)
-    for name, func in [("limits", qos_limits), ("burst", qos_burst), ("group", qos_group), ("cpu", qos_cpu)]:
+    for name, func in [("limits", qos_limits), ("burst", qos_burst), ("group", qos_group), ("cpu", qos_cpu),
+                       ("shares", qos_shares)]:
         if name in tables:
             out[name] = func(a, work)
     out["end"] = machine_state()
@@ -985,7 +1051,7 @@ def parser():
                         "(e.g. 'poll-off:--poll off'); repeatable")
 
     p = command("qos", QOS_HELP, qos, 10, 1)
-    p.add_argument("--tables", default="limits,burst,group,cpu")
+    p.add_argument("--tables", default="limits,burst,group,cpu,shares")
     p.add_argument("--backends", default="null:100000,file", help="limits table: null:NS and/or file")
     p.add_argument("--limits", default="iops-total=100,iops-total=1000,iops-total=10000,iops-total=100000,"
                                        "bps-total=1000000,bps-total=10000000,bps-total=100000000,"
@@ -1002,6 +1068,8 @@ def parser():
                    help="limits table: runs of a cell that missed the target again, at most (default 1)")
     p.add_argument("--burst-target-pct", type=float, default=5.0,
                    help="burst table: the target, in percent of qemu-storage-daemon's second (default 5)")
+    p.add_argument("--shares-depth", type=int, default=16,
+                   help="shares table: the reserved export's iodepth")
     return ap
 
 

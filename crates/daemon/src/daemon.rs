@@ -33,6 +33,7 @@ use crate::virtio::{BlkGeometry, SECTOR_SIZE};
 mod control_target;
 pub mod handover;
 pub mod queue_move;
+mod shares;
 mod throttle;
 
 pub use throttle::ExportLimits;
@@ -182,6 +183,12 @@ pub(crate) struct DaemonState {
     seccomp: SeccompMode,
     /// Index of the next export (never reused: it keys queues in the IOThreads).
     next_index: AtomicUsize,
+    /// The share allocator's thread (reservations and weights) and its board.
+    pub(crate) shares: shares::Shares,
+    /// This state, for the threads it starts later (the share allocator);
+    /// emptied when the daemon stops (a weak reference left would keep
+    /// `stop` from taking the IOThreads back to join them).
+    me: Mutex<Weak<DaemonState>>,
 }
 
 /// Why `export-del` did not remove an export.
@@ -208,7 +215,6 @@ impl DaemonState {
     pub(crate) fn add_export(&self, config: &ExportConfig) -> Result<String, DaemonError> {
         let plan = crate::config::validate_export(0, config, self.iothreads.len())
             .map_err(|e| ConfigError::new(e.field.trim_start_matches("export[0]."), e.message))?;
-        refuse_unenforced_shares(config, |key| key.to_string())?;
         if let Some(g) = config
             .throttle_group
             .as_deref()
@@ -236,6 +242,11 @@ impl DaemonState {
         let mut exports = self.exports.lock().unwrap();
         let runner = self.start_export(index, plan, disk, None)?;
         exports.push(runner);
+        drop(exports);
+        if config.reservation_iops.is_some() || config.weight.is_some() {
+            let me = self.me.lock().unwrap().clone();
+            self.shares.start(me, self.seccomp)?;
+        }
         Ok(name)
     }
 
@@ -441,28 +452,6 @@ pub struct Daemon {
     stopped: bool,
 }
 
-/// Reservations and weights are validated with the configuration and
-/// scheduled by `qos::mclock` (unit-tested, simulated), but the request engine
-/// does not enforce them yet: an export that asks for a floor or a share is
-/// refused rather than served without one (docs/qos.md). `field` names a key
-/// as the caller's configuration spells it.
-fn refuse_unenforced_shares(
-    e: &ExportConfig,
-    field: impl Fn(&str) -> String,
-) -> Result<(), ConfigError> {
-    let key = match (e.reservation_iops, e.weight) {
-        (Some(_), _) => "reservation-iops",
-        (None, Some(_)) => "weight",
-        (None, None) => return Ok(()),
-    };
-    Err(ConfigError::new(
-        field(key),
-        "reservations and weights are not enforced by this version of vqblk yet \
-         (docs/qos.md); remove the key, or cap the neighbours with [export.throttle] \
-         or a [[throttle-group]]",
-    ))
-}
-
 impl Daemon {
     /// Validates `config`, opens every export and starts serving.
     pub fn start(config: &ServeConfig) -> Result<Daemon, DaemonError> {
@@ -476,9 +465,6 @@ impl Daemon {
         mut arrivals: Vec<Option<handover::Arrival>>,
     ) -> Result<Daemon, DaemonError> {
         let plans = config.validate()?;
-        for (i, e) in config.exports.iter().enumerate() {
-            refuse_unenforced_shares(e, |key| format!("export[{i}].{key}"))?;
-        }
         let seccomp = config.seccomp;
         crate::seccomp::probe(seccomp)?;
         let bounce_max = config.iothreads.bounce_buffer_max()?;
@@ -516,13 +502,15 @@ impl Daemon {
             .into_iter()
             .map(|g| LiveGroup::new(g.name, g.limits))
             .collect();
-        let state = Arc::new(DaemonState {
+        let state = Arc::new_cyclic(|me| DaemonState {
             iothreads: Arc::new(threads),
             info,
             exports: Mutex::new(Vec::new()),
             groups: Mutex::new(groups),
             seccomp,
             next_index: AtomicUsize::new(plans.len()),
+            shares: shares::Shares::default(),
+            me: Mutex::new(me.clone()),
         });
         let mut daemon = Daemon {
             state: state.clone(),
@@ -534,6 +522,13 @@ impl Daemon {
             let arrival = arrivals.get_mut(index).and_then(Option::take);
             let runner = state.start_export(index, plan, disk, arrival)?;
             state.exports.lock().unwrap().push(runner);
+        }
+        if config
+            .exports
+            .iter()
+            .any(|e| e.reservation_iops.is_some() || e.weight.is_some())
+        {
+            state.shares.start(Arc::downgrade(&state), seccomp)?;
         }
         if let Some(c) = &config.control {
             let listener = bind_socket(&c.socket, c.mode_bits()?).map_err(|message| {
@@ -575,6 +570,12 @@ impl Daemon {
         self.state.stats()
     }
 
+    /// What the share allocator decided last (reservations and weights),
+    /// for the metrics server.
+    pub fn share_board(&self) -> Arc<crate::metrics::ShareBoard> {
+        self.state.shares.board.clone()
+    }
+
     /// Stops accepting, drains in-flight requests, fsyncs writable images and
     /// removes the sockets.
     pub fn shutdown(mut self) -> DaemonSnapshot {
@@ -600,6 +601,9 @@ impl Daemon {
             let _ = j.join();
             let _ = fs::remove_file(path);
         }
+        // Before the IOThreads are joined: it holds the state while it ticks.
+        self.state.shares.stop();
+        *self.state.me.lock().unwrap() = Weak::new();
         let mut exports = std::mem::take(&mut *self.state.exports.lock().unwrap());
         // One line per step, so that a stop that hangs (or is cut short by
         // shutdown-timeout) says where.

@@ -48,6 +48,7 @@ impl MetricsServer {
     pub fn start(
         addr: SocketAddr,
         iothreads: Vec<Arc<IoThreadStats>>,
+        shares: Arc<ShareBoard>,
         seccomp: SeccompMode,
     ) -> io::Result<MetricsServer> {
         let listener = TcpListener::bind(addr)?;
@@ -76,7 +77,7 @@ impl MetricsServer {
                     }
                 };
                 let _ = tx.send(Ok(server.clone()));
-                serve(&server, &iothreads, &stop);
+                serve(&server, &iothreads, &shares, &stop);
             })?;
         let server = rx
             .recv()
@@ -123,7 +124,12 @@ impl Drop for MetricsServer {
 }
 
 /// Answers requests until unblocked.
-fn serve(server: &tiny_http::Server, iothreads: &[Arc<IoThreadStats>], stopping: &AtomicBool) {
+fn serve(
+    server: &tiny_http::Server,
+    iothreads: &[Arc<IoThreadStats>],
+    shares: &ShareBoard,
+    stopping: &AtomicBool,
+) {
     loop {
         let req = match server.recv() {
             Ok(r) => r,
@@ -138,7 +144,8 @@ fn serve(server: &tiny_http::Server, iothreads: &[Arc<IoThreadStats>], stopping:
         let response = match (req.method(), path) {
             (tiny_http::Method::Get, "/metrics") => {
                 let snaps: Vec<IoThreadSnapshot> = iothreads.iter().map(|t| t.snapshot()).collect();
-                let body = render(&snaps);
+                let mut body = render(&snaps);
+                body.push_str(&render_shares(&shares.reading()));
                 tiny_http::Response::from_string(body)
                     .with_header(header("Content-Type", prometheus::TEXT_FORMAT))
             }
@@ -501,6 +508,64 @@ pub fn render(iothreads: &[IoThreadSnapshot]) -> String {
         "Wake-ups with work, by cause: a guest kick or a backend completion.",
         COUNTER,
         wakeups,
+    );
+    let mut out = Vec::new();
+    if let Err(e) = TextEncoder::new().encode(&f.0, &mut out) {
+        error!("metrics: encoding failed: {e}");
+    }
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// What the share allocator (reservations and weights, docs/qos.md)
+/// decided last, as its thread publishes it every tick.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ShareReading {
+    /// Per export on a device with reservations or weights: its name, the
+    /// backing device's label and its cap (None: uncapped).
+    pub exports: Vec<(String, String, Option<f64>)>,
+    /// Per backing device: its label and the capacity estimate (None: not
+    /// seen saturated yet).
+    pub devices: Vec<(String, Option<f64>)>,
+}
+
+/// Where the share allocator's thread publishes its [`ShareReading`] for
+/// scrapes and queries (a mutex the data path never takes).
+#[derive(Debug, Default)]
+pub struct ShareBoard(std::sync::Mutex<ShareReading>);
+
+impl ShareBoard {
+    /// Replaces the reading.
+    pub fn publish(&self, reading: ShareReading) {
+        *self.0.lock().unwrap() = reading;
+    }
+
+    /// The last reading.
+    pub fn reading(&self) -> ShareReading {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+/// The exposition text of the share allocator's reading (nothing without
+/// reservations or weights). A pure function: tested without a server.
+pub fn render_shares(r: &ShareReading) -> String {
+    let mut f = Families(Vec::new());
+    f.add(
+        "vqblk_export_share_cap_iops",
+        "The IOPS cap the share allocator gives the export (reservations and weights).",
+        MetricType::GAUGE,
+        r.exports
+            .iter()
+            .filter_map(|(e, d, cap)| cap.map(|c| gauge(&[("export", e), ("device", d)], c)))
+            .collect(),
+    );
+    f.add(
+        "vqblk_device_capacity_estimate_iops",
+        "The share allocator's estimate of what the backing device completes, IOPS.",
+        MetricType::GAUGE,
+        r.devices
+            .iter()
+            .filter_map(|(d, c)| c.map(|c| gauge(&[("device", d)], c)))
+            .collect(),
     );
     let mut out = Vec::new();
     if let Err(e) = TextEncoder::new().encode(&f.0, &mut out) {

@@ -84,13 +84,7 @@ pub(super) fn export_limits(
 /// The most operations per second `limits` let through in the long run, if
 /// they cap both reads and writes.
 fn iops_cap(limits: &ThrottleLimits) -> Option<u64> {
-    use crate::qos::BucketKind::{IopsRead, IopsTotal, IopsWrite};
-    let avg = |k| limits.bucket(k).avg;
-    match (avg(IopsTotal), avg(IopsRead), avg(IopsWrite)) {
-        (0, 0, _) | (0, _, 0) => None,
-        (0, r, w) => Some(r + w),
-        (t, _, _) => Some(t),
-    }
+    limits.iops_cap()
 }
 
 /// A validated `[[throttle-group]]`.

@@ -5,7 +5,7 @@
 //! | method | parameters | result |
 //! |---|---|---|
 //! | `query-iothreads` | none | per IOThread: id, thread id, CPUs, polling, counters |
-//! | `query-exports` | none | per export: socket, image, backend, connection, queues with their IOThread and counters |
+//! | `query-exports` | none | per export: socket, image, backend, connection, limits, reservation, weight and share cap, queues with their IOThread and counters |
 //! | `iothread-set` | `id`, any of `poll`, `poll-max-ns`, `poll-grow`, `poll-shrink`, `poll-weight` | the thread's new polling settings |
 //! | `export-add` | the keys of a TOML `[[export]]` (`name` required) | `{ "name": ... }` |
 //! | `export-del` | `name`, `force` (default false) | `{}` |
@@ -321,6 +321,13 @@ impl Methods {
                     "connected": e.connected,
                     "throttle": e.limits.as_ref().map(limits_json),
                     "throttle-group": e.throttle_group,
+                    "reservation-iops": c.reservation_iops,
+                    "weight": c.weight,
+                    "share": e.share.as_ref().map(|s| json!({
+                        "device": s.device,
+                        "cap-iops": s.cap_iops.map(f64::round),
+                        "device-capacity-iops": s.device_capacity_iops.map(f64::round),
+                    })),
                     "queues": queues,
                 })
             })

@@ -92,6 +92,21 @@ pub struct ExportView {
     pub limits: Option<ThrottleLimits>,
     /// The throttle group it belongs to.
     pub throttle_group: Option<String>,
+    /// Its share of its backing device now (None: the device has no
+    /// reservations or weights).
+    pub share: Option<ShareView>,
+}
+
+/// An export's share of its backing device, as the share allocator set it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShareView {
+    /// The backing device's label (`fs-MAJOR:MINOR`, `blk-MAJOR:MINOR`,
+    /// `export-NAME`).
+    pub device: String,
+    /// The export's IOPS cap now (None: uncapped).
+    pub cap_iops: Option<f64>,
+    /// The estimate of what the device completes (None: not measured yet).
+    pub device_capacity_iops: Option<f64>,
 }
 
 /// What a `queue-move` did.

@@ -8,7 +8,7 @@ use super::queue_move::MoveError;
 use super::{DaemonError, DaemonState, DelError, ExportLimits};
 use crate::config::ExportConfig;
 use crate::control::{
-    ControlTarget, ExportView, IoThreadView, QueueMoved, RpcError, ThrottleGroupView,
+    ControlTarget, ExportView, IoThreadView, QueueMoved, RpcError, ShareView, ThrottleGroupView,
 };
 use crate::iothread::Command;
 use crate::poll::{PollMode, PollParams};
@@ -31,10 +31,24 @@ impl ControlTarget for DaemonState {
     }
 
     fn exports(&self) -> Vec<ExportView> {
+        let shares = self.shares.board.reading();
         let exports = self.exports.lock().unwrap();
         exports
             .iter()
             .map(|e| ExportView {
+                share: shares
+                    .exports
+                    .iter()
+                    .find(|(name, _, _)| *name == e.name)
+                    .map(|(_, device, cap)| ShareView {
+                        device: device.clone(),
+                        cap_iops: *cap,
+                        device_capacity_iops: shares
+                            .devices
+                            .iter()
+                            .find(|(d, _)| d == device)
+                            .and_then(|(_, c)| *c),
+                    }),
                 name: e.name.clone(),
                 socket: e.socket.clone(),
                 config: e.config.clone(),

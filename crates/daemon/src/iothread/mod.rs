@@ -47,7 +47,7 @@ use crate::dirty_log::DirtyLog;
 use crate::fastpath;
 use crate::inflight::InflightQueue;
 use crate::poll::{PollMode, PollParams};
-use crate::qos::SharedThrottle;
+use crate::qos::{ShareCap, SharedThrottle};
 use crate::seccomp::{self, SeccompMode, ThreadKind};
 use crate::stats::IoThreadStats;
 use crate::virtio::device::serial_bytes;
@@ -82,6 +82,9 @@ pub struct BlockDevice {
     /// sends [`Command::SetThrottle`] to the queues already served: the data
     /// path keeps its own copy in the queue slot and never takes this lock.
     throttle: Mutex<Option<Arc<SharedThrottle>>>,
+    /// The export's share cap, once its backing device has reservations or
+    /// weights (the process layer's share allocator writes its rate).
+    share: std::sync::OnceLock<Arc<ShareCap>>,
 }
 
 impl BlockDevice {
@@ -95,7 +98,21 @@ impl BlockDevice {
             serial: serial_bytes(serial),
             writethrough: AtomicBool::new(false),
             throttle: Mutex::new(None),
+            share: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The export's share cap (None: its device has no reservations or
+    /// weights). Read when a queue attaches and on [`Command::SetThrottle`].
+    pub fn share(&self) -> Option<Arc<ShareCap>> {
+        self.share.get().cloned()
+    }
+
+    /// Gives the export a share cap (once; later calls return the first).
+    /// The queues already served learn it from a [`Command::SetThrottle`],
+    /// sent after this.
+    pub fn share_cap(&self) -> Arc<ShareCap> {
+        self.share.get_or_init(Default::default).clone()
     }
 
     /// The limits a queue of this export attaches with (None: unthrottled).

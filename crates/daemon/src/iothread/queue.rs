@@ -24,7 +24,7 @@ use super::{BlockDevice, GuestMem, GuestMemHandle, QueueAttach, QueueKey, QueueL
 use crate::clock::clock_ns;
 use crate::fastpath::{SmallAccess, SplitRing};
 use crate::inflight::InflightQueue;
-use crate::qos::{Admission, Direction, SharedThrottle};
+use crate::qos::{Admission, Direction, Gate, SharedThrottle};
 use crate::stats::{IoThreadStats, QueueCounters};
 use crate::virtio::request::{self, Operation, Rejected, ReqKind, Request};
 use crate::virtio::status;
@@ -80,30 +80,26 @@ fn throttled_as(op: &Operation) -> Option<(Direction, u64)> {
     }
 }
 
-/// Whether `throttle` holds back a request just popped: Some(until, now)
+/// Whether `gate` holds back a request just popped: Some(until, now)
 /// if it must wait (counted), None if it may go (admitted and accounted, or
-/// not throttled). Off the unthrottled path, which only tests for a throttle.
+/// not throttled). Off the unthrottled path, which only tests for a gate.
 #[inline(never)]
 fn must_wait(
-    throttle: &SharedThrottle,
+    gate: &Gate,
     counters: &QueueCounters,
     parsed: &Result<Request, Rejected>,
 ) -> Option<(u64, u64)> {
     let now = throttle_clock();
-    let until = admission(throttle, parsed, now)?;
+    let until = admission(gate, parsed, now)?;
     counters.throttled.add(1);
     Some((until, now))
 }
 
-/// Asks `throttle` for a parsed request: None if it may go (accounted; a
+/// Asks `gate` for a parsed request: None if it may go (accounted; a
 /// rejected request is not throttled), or the time to ask again.
-fn admission(
-    throttle: &SharedThrottle,
-    parsed: &Result<Request, Rejected>,
-    now_ns: u64,
-) -> Option<u64> {
+fn admission(gate: &Gate, parsed: &Result<Request, Rejected>, now_ns: u64) -> Option<u64> {
     let (dir, bytes) = throttled_as(&parsed.as_ref().ok()?.op)?;
-    match throttle.admit(dir, bytes, now_ns) {
+    match gate.admit(dir, bytes, now_ns) {
         Admission::Go => None,
         Admission::WaitUntil(t) => Some(t),
     }
@@ -145,10 +141,11 @@ pub(super) struct QueueSlot {
     popped_at: Box<[Instant]>,
     /// The migration dirty log while it is on (vhost-user VHOST_F_LOG_ALL).
     log: Option<QueueLog>,
-    /// The I/O limits the queue's requests draw on (its export's, or its
-    /// throttle group's, shared with their other queues); None: unthrottled,
-    /// and the request path pays one branch.
-    throttle: Option<Arc<SharedThrottle>>,
+    /// What the queue's requests draw on: the I/O limits (its export's, or
+    /// its throttle group's, shared with their other queues) and the
+    /// export's share cap; None: neither, and the request path pays one
+    /// branch.
+    gate: Option<Gate>,
     /// The head request, popped and held back by the throttle.
     held: Option<Held>,
 }
@@ -164,7 +161,7 @@ impl QueueSlot {
         let size = a.queue.size() as usize;
         let avail_seen = a.queue.next_avail();
         // Read once, when the queue arrives; later changes come as commands.
-        let throttle = a.device.throttle();
+        let gate = Gate::new(a.device.throttle(), a.device.share());
         QueueSlot {
             key: a.key,
             queue: a.queue,
@@ -182,15 +179,16 @@ impl QueueSlot {
             record,
             resubmit: resubmit.into(),
             log: a.log,
-            throttle,
+            gate,
             held: None,
         }
     }
 
-    /// Replaces the queue's I/O limits. A request held back is due at once:
-    /// the next pass asks the new limits (None: it goes).
+    /// Replaces the queue's I/O limits, and takes the export's share cap if
+    /// it got one since. A request held back is due at once: the next pass
+    /// asks the new gate (None: it goes).
     pub fn set_throttle(&mut self, throttle: Option<Arc<SharedThrottle>>) {
-        self.throttle = throttle;
+        self.gate = Gate::new(throttle, self.device.share());
         if let Some(h) = &mut self.held {
             h.until = 0;
         }
@@ -449,9 +447,9 @@ impl QueueSlot {
         if let Some(h) = self.held.take() {
             let now = throttle_clock();
             match self
-                .throttle
-                .as_deref()
-                .and_then(|t| admission(t, &h.parsed, now))
+                .gate
+                .as_ref()
+                .and_then(|g| admission(g, &h.parsed, now))
             {
                 Some(until) => {
                     self.held = Some(Held { until, ..h });
@@ -540,8 +538,8 @@ impl QueueSlot {
                 // Popped, so in flight (and in the inflight record) from
                 // here, whether it runs now or is held back.
                 self.inflight += 1;
-                if let Some(throttle) = &self.throttle {
-                    if let Some((until, since)) = must_wait(throttle, &self.counters, &parsed) {
+                if let Some(gate) = &self.gate {
+                    if let Some((until, since)) = must_wait(gate, &self.counters, &parsed) {
                         self.held = Some(Held {
                             parsed,
                             until,

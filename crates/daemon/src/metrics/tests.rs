@@ -133,3 +133,30 @@ fn render_throttled_counters() {
     assert!(line(&text, &format!("vqblk_queue_throttled_seconds_total{l}")).ends_with(" 1.5"));
     assert!(text.contains("# TYPE vqblk_queue_throttled_seconds_total counter"));
 }
+
+/// The share allocator's caps per export and capacity estimates per
+/// device; an uncapped export and an unmeasured device have no sample.
+#[test]
+fn render_share_caps_and_estimates() {
+    assert_eq!(render_shares(&ShareReading::default()), "");
+    let text = render_shares(&ShareReading {
+        exports: vec![
+            ("db".into(), "fs-8:1".into(), Some(4750.0)),
+            ("batch".into(), "fs-8:1".into(), None),
+        ],
+        devices: vec![("fs-8:1".into(), Some(10000.0)), ("rbd".into(), None)],
+    });
+    assert!(line(
+        &text,
+        r#"vqblk_export_share_cap_iops{export="db",device="fs-8:1"}"#
+    )
+    .ends_with(" 4750"));
+    assert!(!text.contains(r#"export="batch""#), "{text}");
+    assert!(line(
+        &text,
+        r#"vqblk_device_capacity_estimate_iops{device="fs-8:1"}"#
+    )
+    .ends_with(" 10000"));
+    assert!(text.contains("# TYPE vqblk_device_capacity_estimate_iops gauge"));
+    assert!(!text.contains(r#"device="rbd""#), "{text}");
+}

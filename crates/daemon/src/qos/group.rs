@@ -114,6 +114,20 @@ impl SharedThrottle {
     pub fn admit(&self, dir: Direction, bytes: u64, now_ns: u64) -> Admission {
         self.plan.admit(&self.cells, dir, bytes, now_ns)
     }
+
+    /// The first half of [`SharedThrottle::admit`], for a request that other
+    /// buckets must admit too ([`super::shares::Gate`]): None if the limits
+    /// admit a request of `dir` at `now_ns`, otherwise when to ask again.
+    /// Writes nothing.
+    pub fn check(&self, dir: Direction, now_ns: u64) -> Option<u64> {
+        self.plan.check(&self.cells, dir, now_ns)
+    }
+
+    /// The second half of [`SharedThrottle::admit`]: accounts a request that
+    /// [`SharedThrottle::check`] admitted.
+    pub fn charge(&self, dir: Direction, bytes: u64, now_ns: u64) {
+        self.plan.charge(&self.cells, dir, bytes, now_ns)
+    }
 }
 
 /// A named set of limits that several exports join (`[[throttle-group]]`).

@@ -10,8 +10,11 @@
 //!   the sharing can pass a limit;
 //! - [`mclock`]: reservation / weight / limit scheduling between the exports
 //!   of one backing device;
-//! - [`sim`]: the scheduler on a device whose capacity changes
-//!   (`examples/qos_sim.rs`).
+//! - [`shares`]: reservations and weights enforced as per-export IOPS caps
+//!   that a share allocator recomputes every tick from what each export
+//!   did, and the [`Gate`] a queue asks (limits and cap together);
+//! - [`sim`]: the scheduler and the share allocator on a device whose
+//!   capacity changes (`examples/qos_sim.rs`).
 //!
 //! Everything here is pure: no thread, no clock (time comes in as ns), no
 //! lock. The request engine asks for the head request of a queue and, when
@@ -19,11 +22,13 @@
 
 pub mod group;
 pub mod mclock;
+pub mod shares;
 pub mod sim;
 pub mod throttle;
 
 pub use group::{SharedThrottle, ThrottleGroup};
 pub use mclock::{ClientParams, Dispatch, MClock};
+pub use shares::{Gate, ShareAllocator, ShareCap};
 pub use throttle::{
     Admission, BucketKind, BucketLimit, Direction, LimitError, ThrottleConfig, ThrottleLimits,
     ThrottleState,

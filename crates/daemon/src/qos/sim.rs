@@ -10,8 +10,13 @@
 //!
 //! `cargo run --release -p vqblk-daemon --example qos_sim` prints the table of
 //! [`reference_scenario`]; the unit tests hold the scheduler to it.
+//!
+//! [`simulate_shares`] runs the share allocator ([`super::shares`]) the same
+//! way, over a fluid model of a device that serves its clients in proportion
+//! to their queue depths, and [`share_scenario`] is its table.
 
 use super::mclock::{ClientParams, Dispatch, MClock, Phase};
+use super::shares::{Interval, Share, ShareAllocator, ShareInput, TICK_NS};
 
 /// A client of the simulated device.
 #[derive(Debug, Clone)]
@@ -230,4 +235,225 @@ mod tests {
         assert!(!fits);
         assert_eq!(got, vec![1500.0, 0.0, 0.0]);
     }
+}
+
+/// How a client of [`simulate_shares`] loads the device in a phase.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Load {
+    /// No I/O.
+    Idle,
+    /// A closed loop at queue depth `qd`, as fast as the device lets it: it
+    /// always has requests in flight, and the device serves the clients it
+    /// is shared by in proportion to their queue depths.
+    Flood {
+        /// Requests it keeps in flight.
+        qd: u32,
+    },
+    /// A closed loop that cannot go faster than `iops` by itself (a queue
+    /// depth 1 guest behind the device's latency): always in flight.
+    Bound {
+        /// Requests it keeps in flight.
+        qd: u32,
+        /// The most it can do.
+        iops: f64,
+    },
+    /// An open loop asking `iops`: busy only when it gets less.
+    Rate {
+        /// What it asks.
+        iops: f64,
+    },
+}
+
+/// A client of [`simulate_shares`]: its share settings and its load in each
+/// phase.
+#[derive(Debug, Clone)]
+pub struct ShareClient {
+    /// Its name in the table.
+    pub name: &'static str,
+    /// Reservation, weight, static limit.
+    pub share: Share,
+    /// Its load in each phase (the last one repeats).
+    pub load: Vec<Load>,
+}
+
+/// One client's rate in one phase of [`simulate_shares`].
+#[derive(Debug, Clone, Copy)]
+pub struct ShareServed {
+    /// Operations per second it got (mean over the measured ticks).
+    pub done: f64,
+    /// Its cap at the end of the phase (None: uncapped).
+    pub cap: Option<f64>,
+    /// The least it got in one measured tick.
+    pub worst: f64,
+}
+
+/// The outcome of one phase of [`simulate_shares`].
+#[derive(Debug, Clone)]
+pub struct SharePhase {
+    /// The device's capacity.
+    pub capacity: Capacity,
+    /// The allocator's estimate at the end of the phase.
+    pub estimate: Option<f64>,
+    /// Per client, in the order given.
+    pub served: Vec<ShareServed>,
+}
+
+/// Runs [`ShareAllocator`] over a fluid model of a device: each tick of
+/// [`TICK_NS`] the device's capacity is divided among the active clients in
+/// proportion to their queue depths (water-filling: a client held by its cap
+/// or by itself leaves the rest to the others), the allocator sees what each
+/// did and writes the caps for the next tick. Each phase is measured after
+/// its first `settle` ticks; [`Capacity::secs`] is the phase's length.
+pub fn simulate_shares(
+    clients: &[ShareClient],
+    phases: &[Capacity],
+    settle: usize,
+) -> Vec<SharePhase> {
+    let mut alloc = ShareAllocator::new();
+    let mut caps: Vec<Option<f64>> = vec![None; clients.len()];
+    let ticks_per_sec = (1_000_000_000 / TICK_NS) as usize;
+    let mut out = Vec::new();
+    for (p, &phase) in phases.iter().enumerate() {
+        let loads: Vec<Load> = clients
+            .iter()
+            .map(|c| c.load[p.min(c.load.len() - 1)])
+            .collect();
+        let ticks = phase.secs as usize * ticks_per_sec;
+        let mut sum = vec![0.0; clients.len()];
+        let mut worst = vec![f64::INFINITY; clients.len()];
+        for t in 0..ticks {
+            let done = fluid(phase.iops as f64, &loads, &caps);
+            let inputs: Vec<ShareInput> = clients
+                .iter()
+                .enumerate()
+                .map(|(k, c)| {
+                    let held =
+                        caps[k].is_some_and(|cap| done[k] >= 0.999 * cap) && loads[k] != Load::Idle;
+                    let busy = match loads[k] {
+                        Load::Idle => false,
+                        Load::Flood { .. } | Load::Bound { .. } => true,
+                        Load::Rate { iops } => done[k] < 0.99 * iops,
+                    };
+                    ShareInput {
+                        id: k as u64,
+                        share: c.share,
+                        seen: Interval {
+                            done: done[k],
+                            busy: busy || held,
+                            held,
+                        },
+                    }
+                })
+                .collect();
+            caps = alloc.tick(&inputs);
+            if t >= settle.min(ticks - 1) {
+                for k in 0..clients.len() {
+                    sum[k] += done[k];
+                    worst[k] = worst[k].min(done[k]);
+                }
+            }
+        }
+        let measured = (ticks - settle.min(ticks - 1)) as f64;
+        out.push(SharePhase {
+            capacity: phase,
+            estimate: alloc.capacity(),
+            served: (0..clients.len())
+                .map(|k| ShareServed {
+                    done: sum[k] / measured,
+                    cap: caps[k],
+                    worst: worst[k],
+                })
+                .collect(),
+        });
+    }
+    out
+}
+
+/// The device of [`simulate_shares`] for one tick: what each client
+/// completes, per second.
+fn fluid(capacity: f64, loads: &[Load], caps: &[Option<f64>]) -> Vec<f64> {
+    let bound: Vec<f64> = loads
+        .iter()
+        .zip(caps)
+        .map(|(l, cap)| {
+            let own = match *l {
+                Load::Idle => 0.0,
+                Load::Flood { .. } => f64::INFINITY,
+                Load::Bound { iops, .. } | Load::Rate { iops } => iops,
+            };
+            own.min(cap.unwrap_or(f64::INFINITY))
+        })
+        .collect();
+    let depth = |l: &Load| match *l {
+        Load::Idle => 0.0,
+        Load::Flood { qd } | Load::Bound { qd, .. } => qd as f64,
+        // An open loop's requests rarely wait: it takes what it asks first.
+        Load::Rate { .. } => 1e9,
+    };
+    let mut got = vec![0.0; loads.len()];
+    let mut open: Vec<usize> = (0..loads.len()).filter(|&k| bound[k] > 0.0).collect();
+    let mut rest = capacity;
+    while rest > 1e-9 && !open.is_empty() {
+        let depths: f64 = open.iter().map(|&k| depth(&loads[k])).sum();
+        let share = |k: usize| rest * depth(&loads[k]) / depths;
+        let full: Vec<usize> = open
+            .iter()
+            .copied()
+            .filter(|&k| got[k] + share(k) >= bound[k])
+            .collect();
+        if full.is_empty() {
+            for &k in &open {
+                got[k] += share(k);
+            }
+            break;
+        }
+        for &k in &full {
+            rest -= bound[k] - got[k];
+            got[k] = bound[k];
+        }
+        open.retain(|k| !full.contains(k));
+    }
+    got
+}
+
+/// The share scenario: on a device doing 10K IOPS, then 4K, then 10K again,
+/// a reserved client (3000 IOPS at queue depth 16), a flooding one (queue
+/// depth 64, weight 3) and one that is idle, then floods with weight 1, then
+/// asks 500 IOPS; then a queue depth 1 client that cannot pass 800 IOPS
+/// replaces the reserved one.
+pub fn share_scenario() -> (Vec<ShareClient>, Vec<Capacity>) {
+    let flood = |qd| Load::Flood { qd };
+    let clients = vec![
+        ShareClient {
+            name: "reserved",
+            share: Share {
+                reservation: 3000.0,
+                ..Share::default()
+            },
+            load: vec![flood(16), flood(16), flood(16), flood(16), Load::Idle],
+        },
+        ShareClient {
+            name: "flood",
+            share: Share {
+                weight: 3,
+                ..Share::default()
+            },
+            load: vec![flood(64)],
+        },
+        ShareClient {
+            name: "other",
+            share: Share::default(),
+            load: vec![
+                Load::Idle,
+                flood(64),
+                flood(64),
+                Load::Rate { iops: 500.0 },
+                Load::Bound { qd: 1, iops: 800.0 },
+            ],
+        },
+    ];
+    let phases = [10_000, 10_000, 4_000, 10_000, 10_000]
+        .map(|iops| Capacity { secs: 5, iops })
+        .to_vec();
+    (clients, phases)
 }

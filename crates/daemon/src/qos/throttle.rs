@@ -435,6 +435,18 @@ impl ThrottleLimits {
         c
     }
 
+    /// The most operations per second these limits let through in the long
+    /// run, if they cap both reads and writes.
+    pub fn iops_cap(&self) -> Option<u64> {
+        use BucketKind::{IopsRead, IopsTotal, IopsWrite};
+        let avg = |k| self.bucket(k).avg;
+        match (avg(IopsTotal), avg(IopsRead), avg(IopsWrite)) {
+            (0, 0, _) | (0, _, 0) => None,
+            (0, r, w) => Some(r + w),
+            (t, _, _) => Some(t),
+        }
+    }
+
     /// The most a bucket of `kind` lets through in `secs` seconds from empty,
     /// not counting the one request that may pass the bucket's size: the
     /// average rate for `secs` plus the bucket's size. 0 when unlimited.
@@ -547,13 +559,27 @@ impl Plan {
         bytes: u64,
         now_ns: u64,
     ) -> Admission {
-        let buckets = match dir {
-            Direction::Read => &self.read,
-            Direction::Write => &self.write,
-        };
+        match self.check(cells, dir, now_ns) {
+            Some(t) => Admission::WaitUntil(t),
+            None => {
+                self.charge(cells, dir, bytes, now_ns);
+                Admission::Go
+            }
+        }
+    }
+
+    /// The buckets of `dir` `at` now: None if every one admits a request,
+    /// otherwise when to ask again (ns). Reads only.
+    #[inline]
+    pub(crate) fn check<C: CreditCell>(
+        &self,
+        cells: &[C; CELLS],
+        dir: Direction,
+        now_ns: u64,
+    ) -> Option<u64> {
         let now = now_ns.saturating_mul(TICKS_PER_NS);
         let mut over = 0u64;
-        for b in buckets {
+        for b in self.buckets(dir) {
             let ahead = cells[b.cell].empty_at().saturating_sub(now);
             over = over.max(ahead.saturating_sub(b.tolerance));
             if b.burst_ticks_per_unit.is_some() {
@@ -562,9 +588,20 @@ impl Plan {
             }
         }
         // A wait under a nanosecond is none (QEMU truncates waits to whole ns).
-        if over >= TICKS_PER_NS {
-            return Admission::WaitUntil((now + over).div_ceil(TICKS_PER_NS));
-        }
+        (over >= TICKS_PER_NS).then(|| (now + over).div_ceil(TICKS_PER_NS))
+    }
+
+    /// Charges a request of `bytes` to the buckets of `dir` (after
+    /// [`Plan::check`] admitted it).
+    #[inline]
+    pub(crate) fn charge<C: CreditCell>(
+        &self,
+        cells: &[C; CELLS],
+        dir: Direction,
+        bytes: u64,
+        now_ns: u64,
+    ) {
+        let now = now_ns.saturating_mul(TICKS_PER_NS);
         // Through i64: one conversion instruction where u64 -> f64 takes a
         // dozen on x86-64; a request's size is far below 2^63.
         let size = bytes as i64 as f64;
@@ -573,14 +610,20 @@ impl Plan {
         } else {
             1.0
         };
-        for b in buckets {
+        for b in self.buckets(dir) {
             let units = if b.counts_bytes { size } else { ops };
             cells[b.cell].charge(now, to_ticks(units * b.ticks_per_unit));
             if let Some(t) = b.burst_ticks_per_unit {
                 cells[BURST + b.cell].charge(now, to_ticks(units * t));
             }
         }
-        Admission::Go
+    }
+
+    fn buckets(&self, dir: Direction) -> &[BucketPlan] {
+        match dir {
+            Direction::Read => &self.read,
+            Direction::Write => &self.write,
+        }
     }
 }
 
