@@ -12,7 +12,10 @@
 //! | [`ThreadKind::Metrics`] | `vqblk-metrics` and the HTTP server's threads it starts | accept and answer TCP connections on the listening socket it was given, start threads |
 //!
 //! The common set is what any Rust thread needs to run and log: memory management,
-//! futexes, signals' own bookkeeping, clocks, `write` to stderr, `close`, exit. Apart
+//! futexes, signals' own bookkeeping, clocks, `write` to stderr, `close`, exit; it
+//! includes what the fault handler of `crate::fault` does (`mmap`, `write` to an
+//! eventfd, `rt_sigreturn`, `sigaltstack`), and `rt_sigaction` for SIGBUS and SIGSEGV
+//! only (a fault outside frontend memory restores their default action). Apart
 //! from the control socket's thread (which adds exports at an operator's request),
 //! nothing opens a path or creates a socket once a filter is on, and no thread
 //! executes a program or changes credentials. The lists come from tracing the test suite (`strace -f -ff`, per
@@ -347,6 +350,20 @@ fn program(kind: ThreadKind, mismatch: SeccompAction) -> Result<BpfProgram, Secc
     if !ioctls.is_empty() {
         rules.insert(libc::SYS_ioctl, second_arg_in(&ioctls)?);
     }
+    // sigaction for SIGBUS and SIGSEGV only, in every kind: a fault outside
+    // frontend memory restores their default action before it ends the
+    // process (`crate::fault`, and Rust's stack-overflow handler it defers
+    // to); without this the restore itself would be the forbidden call and
+    // the fault would be reported as a seccomp violation.
+    let fault_signals = [libc::SIGBUS as u64, libc::SIGSEGV as u64]
+        .iter()
+        .map(|&sig| {
+            SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, sig)
+                .and_then(|c| SeccompRule::new(vec![c]))
+                .map_err(backend(kind))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    rules.insert(libc::SYS_rt_sigaction, fault_signals);
     // fcntl, where a kind has no use for it, only as F_GETFD: Rust's std asks
     // it of every fd an `OwnedFd` closes in debug builds (a double-close
     // check), and an IOThread closes a detached queue's kick and call fds. It
@@ -380,7 +397,14 @@ fn backend(kind: ThreadKind) -> impl Fn(seccompiler::BackendError) -> SeccompErr
 }
 
 /// Installs the filter of `kind` on the calling thread (and the threads it starts later).
+///
+/// Every daemon thread that may touch frontend memory calls this at setup,
+/// whatever the mode, so it is also where such a thread gets its alternate
+/// signal stack for the fault handler ([`crate::fault::ensure_alt_stack`]).
 pub fn apply(kind: ThreadKind, mode: SeccompMode) -> Result<(), SeccompError> {
+    if let Err(e) = crate::fault::ensure_alt_stack() {
+        log::warn!("no alternate signal stack for a {kind:?} thread: {e}");
+    }
     let mismatch = match mode {
         SeccompMode::Off => return Ok(()),
         SeccompMode::Log => SeccompAction::Log,
