@@ -63,26 +63,48 @@ fn expects_data_reply(code: u32) -> bool {
 /// Waits until `fd` is readable or the shutdown eventfd fires (true), for at
 /// most `timeout` (None: forever; a timeout returns false).
 pub(crate) fn wait_readable(fd: i32, shutdown: &EventFd, timeout: Option<Duration>) -> bool {
+    wait_on(fd, shutdown, None, timeout) != Woken::Readable
+}
+
+/// What ended a [`wait_on`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Woken {
+    /// The fd is readable, or the wait timed out.
+    Readable,
+    /// The daemon is shutting down (or poll failed).
+    Shutdown,
+    /// The fault handler broke this connection's memory.
+    Fault,
+}
+
+/// Waits until `fd` is readable, the shutdown eventfd fires, or the
+/// connection's fault eventfd does, for at most `timeout` (None: forever).
+fn wait_on(fd: i32, shutdown: &EventFd, fault: Option<i32>, timeout: Option<Duration>) -> Woken {
+    let pollfd = |fd| libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // A negative fd is ignored by poll(2): no fault eventfd, nothing to wait on.
     let mut fds = [
-        libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        },
-        libc::pollfd {
-            fd: shutdown.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        },
+        pollfd(fd),
+        pollfd(shutdown.as_raw_fd()),
+        pollfd(fault.unwrap_or(-1)),
     ];
     let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
     loop {
-        // SAFETY: `fds` is a live array of two pollfd structs.
-        let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+        // SAFETY: `fds` is a live array of three pollfd structs.
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), 3, ms) };
         if r < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
             continue;
         }
-        return r < 0 || fds[1].revents != 0;
+        return if r < 0 || fds[1].revents != 0 {
+            Woken::Shutdown
+        } else if fds[2].revents != 0 {
+            Woken::Fault
+        } else {
+            Woken::Readable
+        };
     }
 }
 
@@ -95,6 +117,19 @@ enum Incoming {
     Incomplete { queued: usize, needed: usize },
     /// The daemon is shutting down.
     Shutdown,
+    /// The fault handler broke the connection's memory.
+    Fault,
+}
+
+impl From<Woken> for Option<Incoming> {
+    /// What a wait that did not find the socket readable means.
+    fn from(w: Woken) -> Option<Incoming> {
+        match w {
+            Woken::Readable => None,
+            Woken::Shutdown => Some(Incoming::Shutdown),
+            Woken::Fault => Some(Incoming::Fault),
+        }
+    }
 }
 
 /// Bytes queued on a unix stream socket (all of them, across writes).
@@ -109,10 +144,11 @@ fn queued_bytes(fd: i32) -> usize {
     }
 }
 
-/// Waits for a whole message on `fd` without consuming it.
-fn wait_message(fd: i32, shutdown: &EventFd) -> Incoming {
-    if wait_readable(fd, shutdown, None) {
-        return Incoming::Shutdown;
+/// Waits for a whole message on `fd` without consuming it (or for the
+/// shutdown or fault eventfd).
+fn wait_message(fd: i32, shutdown: &EventFd, fault: Option<i32>) -> Incoming {
+    if let Some(stop) = wait_on(fd, shutdown, fault, None).into() {
+        return stop;
     }
     let mut deadline = Instant::now() + MESSAGE_TIMEOUT;
     loop {
@@ -134,8 +170,8 @@ fn wait_message(fd: i32, shutdown: &EventFd) -> Incoming {
                 return Incoming::Ready(None);
             }
             // Nothing queued after all: wait for the next message afresh.
-            if wait_readable(fd, shutdown, None) {
-                return Incoming::Shutdown;
+            if let Some(stop) = wait_on(fd, shutdown, fault, None).into() {
+                return stop;
             }
             deadline = Instant::now() + MESSAGE_TIMEOUT;
             continue;
@@ -160,12 +196,9 @@ fn wait_message(fd: i32, shutdown: &EventFd) -> Incoming {
         }
         // The socket stays readable while part of a message is queued, so
         // poll would not wait: nap briefly instead (bounded by the deadline).
-        if wait_readable(
-            shutdown.as_raw_fd(),
-            shutdown,
-            Some(Duration::from_millis(1)),
-        ) {
-            return Incoming::Shutdown;
+        let nap = Some(Duration::from_millis(1));
+        if let Some(stop) = wait_on(shutdown.as_raw_fd(), shutdown, fault, nap).into() {
+            return stop;
         }
     }
 }
@@ -180,10 +213,21 @@ pub fn serve_frontend(
     let name = shared.device.name.clone();
     let conn = Arc::new(Mutex::new(Connection::new(shared.clone())));
     let fd = stream.as_raw_fd();
+    let fault = conn.lock().unwrap().fault_wake_fd();
     let mut handler = BackendReqHandler::from_stream(stream, conn.clone());
+    // A fault in this connection's memory (crate::fault), or memory refused
+    // under memory-sealing = required, ends the session like a disconnect.
+    let closing = || conn.lock().unwrap().closing();
     let end = loop {
-        let code = match wait_message(fd, shutdown) {
+        let code = match wait_message(fd, shutdown, fault) {
             Incoming::Shutdown => break SessionEnd::Shutdown,
+            Incoming::Fault => match closing() {
+                Some(why) => {
+                    warn!("export {name}: closing the connection: {why}");
+                    break SessionEnd::Disconnected;
+                }
+                None => continue,
+            },
             Incoming::Incomplete { queued, needed } => {
                 warn!(
                     "export {name}: closing the connection: incomplete message \
@@ -208,6 +252,10 @@ pub fn serve_frontend(
                 warn!("export {name}: closing the connection: {what}: {e}");
                 break SessionEnd::Disconnected;
             }
+        }
+        if let Some(why) = closing() {
+            warn!("export {name}: closing the connection: {why}");
+            break SessionEnd::Disconnected;
         }
     };
     // Drain: every started ring waits for its in-flight requests.

@@ -14,6 +14,7 @@ use virtio_queue::{Queue, QueueT};
 use super::{invalid, Connection};
 use crate::inflight::{InflightLayout, InflightRegion};
 use crate::iothread::InflightTracking;
+use crate::vhost_user::memory::seal_against_shrinking;
 
 impl Connection {
     /// GET_INFLIGHT_FD: a fresh region of the shape the frontend asks for,
@@ -30,6 +31,7 @@ impl Connection {
             warn!("{}: {e}", self.export.device.name);
             invalid(&e.to_string())
         })?;
+        self.register_inflight(&region)?;
         debug!(
             "{}: inflight region of {} bytes for {} queues of {}",
             self.export.device.name,
@@ -58,6 +60,9 @@ impl Connection {
             return Err(invalid("SET_INFLIGHT_FD while rings are running"));
         }
         self.check_inflight_shape(inflight.num_queues, inflight.queue_size)?;
+        // The frontend's own file: sealed against shrinking where it can be,
+        // as guest memory is (a file we created is sealed already).
+        self.sealing_policy(seal_against_shrinking(&file), "the inflight region")?;
         // Validated before mapping: a short or oversized file is refused, never
         // mapped (touching past its end would raise SIGBUS).
         let region = InflightRegion::from_file(
@@ -71,8 +76,17 @@ impl Connection {
             warn!("{}: {e}", self.export.device.name);
             invalid(&e.to_string())
         })?;
+        self.register_inflight(&region)?;
         self.inflight = Some(region);
         Ok(())
+    }
+
+    /// Enters the region's mapping in the fault handler's registry.
+    fn register_inflight(&self, region: &InflightRegion) -> VhostResult<()> {
+        region.register_faults(&self.faults).map_err(|e| {
+            warn!("{}: inflight region refused: {e}", self.export.device.name);
+            invalid(&e.to_string())
+        })
     }
 
     /// Attaches a starting ring to the inflight region, if there is one, and
