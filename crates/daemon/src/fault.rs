@@ -400,11 +400,6 @@ pub fn install() -> io::Result<()> {
     r.map_err(io::Error::from_raw_os_error)
 }
 
-/// Whether [`install`] succeeded in this process.
-pub fn installed() -> bool {
-    PREVIOUS.iter().all(|p| p.get().is_some())
-}
-
 extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: installed with SA_SIGINFO: the kernel hands a valid siginfo_t.
     let (code, addr) = unsafe { ((*info).si_code, (*info).si_addr() as usize) };

@@ -888,6 +888,52 @@ mod tests {
         assert_eq!(tcgets, (-1, Some(libc::EPERM)));
     }
 
+    /// What the memory fault handler does is allowed in every kind, and
+    /// sigaction only for SIGBUS and SIGSEGV (`crate::fault`).
+    #[test]
+    fn every_kind_allows_what_the_fault_handler_does() {
+        for kind in [
+            ThreadKind::Control,
+            ThreadKind::Rpc,
+            ThreadKind::IoThread,
+            ThreadKind::Worker,
+            ThreadKind::Metrics,
+        ] {
+            let a = allowed(kind);
+            for nr in [
+                libc::SYS_mmap,
+                libc::SYS_write,
+                libc::SYS_rt_sigreturn,
+                libc::SYS_sigaltstack,
+                libc::SYS_tgkill,
+            ] {
+                assert!(a.contains(&nr), "{kind:?} refuses {nr}");
+            }
+            let query = |sig| {
+                // SAFETY: sigaction with a null new action only reads the
+                // current one into `old`.
+                let r = unsafe {
+                    let mut old: libc::sigaction = std::mem::zeroed();
+                    libc::sigaction(sig, std::ptr::null(), &mut old)
+                };
+                (r, std::io::Error::last_os_error().raw_os_error())
+            };
+            let (bus, segv, usr2) = under_filter(kind, move || {
+                (
+                    query(libc::SIGBUS),
+                    query(libc::SIGSEGV),
+                    query(libc::SIGUSR2),
+                )
+            });
+            assert_eq!((bus.0, segv.0), (0, 0), "{kind:?}");
+            assert_eq!(
+                usr2,
+                (-1, Some(libc::EPERM)),
+                "{kind:?}: sigaction(SIGUSR2)"
+            );
+        }
+    }
+
     #[test]
     fn only_iothreads_may_start_threads() {
         for kind in [ThreadKind::Control, ThreadKind::Worker] {

@@ -212,6 +212,13 @@ fn every_enum_value_round_trips() {
         };
         assert_eq!(parse(&cmd).cache, *cache);
     }
+    for policy in crate::fault::MemorySealing::value_variants() {
+        let cmd = ServeCommand {
+            memory_sealing: Some(*policy),
+            ..Default::default()
+        };
+        assert_eq!(parse(&cmd).memory_sealing, Some(*policy));
+    }
     for level in log::LevelFilter::iter() {
         let cmd = ServeCommand {
             log_level: Some(level),
