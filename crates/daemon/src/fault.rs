@@ -417,7 +417,10 @@ extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut l
                     hit.start as *mut libc::c_void,
                     hit.len,
                     libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_FIXED | libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    // NORESERVE: a region of many GiB must not fail on
+                    // the commit limit; the pages are only ever touched
+                    // until the connection closes.
+                    libc::MAP_FIXED | libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
                     -1,
                     0,
                 )
