@@ -4,6 +4,8 @@ server's CPU time from /proc (summed over all of its threads), and measure the
 cache-line round trip between two CPUs."""
 import json
 import os
+import re
+import shlex
 import shutil
 import signal
 import statistics
@@ -107,6 +109,52 @@ def start_qsd(backend, image, sock, queues=1, poll_max_ns=None, cpus=None):
                     f"writable=on,num-queues={queues},iothread=iot0",
     ]
     return subprocess.Popen(pinned(args, cpus), stdout=subprocess.DEVNULL)
+
+
+def spdk_root(held):
+    """The chroot of SPDK's build (../shared/peers/: trixie.sh, spdk.sh) under HELD."""
+    return os.path.join(held, "trixie")
+
+
+def start_spdk(backend, image, sock, held, script, cpus=None):
+    """SPDK's vhost target serving one controller at `sock` (inside the chroot:
+    HELD/trixie/tmp/...) from a null bdev, or from an aio bdev on `image`
+    (bind-mounted at /mnt in the chroot: SPDK's aio bdev opens it O_DIRECT).
+    Its reactor polls the one CPU of `cpus` (default 1). Returns the wrapper's
+    Popen; the server's own pid is spdk_pid(wrapper)."""
+    env = dict(os.environ, HELD=held)
+    if null_latency(backend) is None:
+        mnt = os.path.join(spdk_root(held), "mnt")
+        os.makedirs(mnt, exist_ok=True)
+        if subprocess.run(["mountpoint", "-q", mnt]).returncode != 0:
+            subprocess.run(["mount", "--bind", os.path.dirname(image), mnt], check=True)
+        env["BDEV_RPC"] = f"bdev_aio_create /mnt/{os.path.basename(image)} null0 512"
+    elif null_latency(backend):
+        sys.exit("SPDK's null bdev has no latency: use null or file cells with spdk")
+    cpu = (cpus or "1").split(",")[0]
+    return subprocess.Popen([script, sock, cpu], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+def spdk_pid(wrapper, timeout=60):
+    """The pid of spdk_tgt started by spdk-null.sh `wrapper` (its child)."""
+    t = time.time()
+    while time.time() - t < timeout:
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    st = f.read()
+            except OSError:
+                continue
+            name = st[st.index("(") + 1:st.rindex(")")]
+            if int(st.rsplit(")", 1)[1].split()[1]) == wrapper.pid and name.startswith(("spdk_tgt", "reactor")):
+                return int(d)
+        if wrapper.poll() is not None:
+            sys.exit("spdk-null.sh exited early (build SPDK with ../shared/peers/spdk.sh)")
+        time.sleep(0.1)
+    sys.exit("spdk_tgt did not start")
 
 
 def run_bench(target, iodepth, runtime, server_pid=None, rw="randread", numjobs=1, bs="4k", extra=(), cpus=None):
@@ -251,15 +299,40 @@ def qsd_throttle_args(limits, nodes=("disk",)):
     return args, [f"thr-{n}" for n in nodes]
 
 
+# fio's status line as `vqblk bench` draws it on a terminal:
+# `Jobs: 1 [16.7%][r=4371KiB/s,w=0B/s][r=1.09k,w=0 IOPS][eta 00m:05s]`.
+STATUS_LINE = re.compile(r"Jobs: \d+ \[([\d.]+)%\]\[r=([\d.]+)(B|KiB|MiB|GiB)/s,w=([\d.]+)(B|KiB|MiB|GiB)/s\]")
+BINARY = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 
-def client_seconds(target, seconds, iodepth=32):
-    """Requests a client completes in each of `seconds` back-to-back 1 s runs
-    (4k random reads; a fresh connection each second, so the server's limits
-    carry over and the client's series is the same kind for every server)."""
-    out = []
-    for _ in range(seconds):
-        proc = subprocess.run([VQBLK, "bench", "--name", "s", "--target", target, "--rw", "randread", "--bs", "4k",
-                               "--iodepth", str(iodepth), "--runtime", "1", "--time_based", "--size", "256M",
-                               "--output-format", "json"], capture_output=True, text=True, check=True)
-        out.append(json.loads(proc.stdout)["jobs"][0]["read"]["total_ios"])
-    return out
+
+def status_series(text, bs):
+    """Requests a second, one per update of the status lines in `text` (a
+    terminal's output, frames separated by carriage returns). Each update
+    sets the rates over the last interval (at least 1 s) and then the
+    progress, so the first frame with a new progress figure carries that
+    update's rates; the frames at 0.0% are drawn before the first update's
+    progress. The bytes (four digits) are more precise than the IOPS (three)."""
+    series = {}
+    for frame in re.split(r"[\r\n]", text):
+        m = STATUS_LINE.search(frame)
+        if not m or float(m.group(1)) == 0 or m.group(1) in series:
+            continue
+        nbytes = float(m.group(2)) * BINARY[m.group(3)] + float(m.group(4)) * BINARY[m.group(5)]
+        series[m.group(1)] = nbytes / bs
+    return list(series.values())
+
+
+def client_series(target, seconds, iodepth=32, bs=4096):
+    """Requests a second completed by one `vqblk bench` run of `seconds`
+    (random reads of `bs`, one connection, no ramp), read from the status
+    line it draws once a second on a terminal (script(1) gives it one): the
+    series of one uninterrupted client, whatever the server, which need not
+    count anything itself (qemu-storage-daemon's exports have no counters)."""
+    cmd = [VQBLK, "bench", "--name", "s", "--target", target, "--rw", "randread", "--bs", str(bs),
+           "--iodepth", str(iodepth), "--runtime", str(seconds), "--time_based", "--size", "256M"]
+    out = subprocess.run(["script", "-qefc", shlex.join(cmd), "/dev/null"], capture_output=True, text=True,
+                         check=True).stdout
+    series = status_series(out, bs)
+    if len(series) < seconds - 1:
+        raise RuntimeError(f"{len(series)} status updates in a {seconds} s run: {out[-500:]!r}")
+    return series

@@ -12,46 +12,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::control_socket::*;
 use common::*;
 use serde_json::{json, Value};
-use vqblk_daemon::config::{BackendKind, ControlConfig, ExportConfig, ServeConfig};
-use vqblk_daemon::control::client::{ClientError, ControlClient};
+use vqblk_daemon::config::{BackendKind, ExportConfig};
 use vqblk_daemon::control::{code, MAX_REQUEST};
 use vqblk_daemon::daemon::Daemon;
 
 /// A daemon with `e` (named "d") over 2 IOThreads and a control socket.
-fn start_with_control(dir: &Path, mut e: ExportConfig) -> (Daemon, PathBuf) {
-    let _ = vqblk_daemon::cli::init_logging("warn");
+fn start_one(dir: &Path, mut e: ExportConfig) -> (Daemon, PathBuf) {
     e.name = Some("d".into());
-    let control = dir.join("control.sock");
-    let mut cfg = ServeConfig {
-        exports: vec![e],
-        control: Some(ControlConfig {
-            socket: control.clone(),
-            mode: None,
-        }),
-        ..Default::default()
-    };
-    cfg.iothreads.count = 2;
-    (Daemon::start(&cfg).expect("daemon starts"), control)
-}
-
-fn call(control: &Path, method: &str, params: Value) -> Result<Value, ClientError> {
-    ControlClient::connect(control)
-        .unwrap()
-        .call(method, params)
-}
-
-fn ok(control: &Path, method: &str, params: Value) -> Value {
-    call(control, method, params).unwrap_or_else(|e| panic!("{method}: {e}"))
-}
-
-/// The error object of a call that must fail.
-fn rpc_err(control: &Path, method: &str, params: Value) -> (i64, String) {
-    match call(control, method, params) {
-        Err(ClientError::Rpc { code, message }) => (code, message),
-        other => panic!("{method}: expected an error, got {other:?}"),
-    }
+    start_with_control(dir, vec![e], vec![])
 }
 
 /// A raw connection: send `line` as is, read one answer line.
@@ -88,7 +59,7 @@ fn null_export(dir: &Path, queues: u16) -> ExportConfig {
 #[test]
 fn queries_and_protocol_errors() {
     let dir = scratch("ctl-proto");
-    let (daemon, control) = start_with_control(&dir, null_export(&dir, 2));
+    let (daemon, control) = start_one(&dir, null_export(&dir, 2));
     let mode = std::os::unix::fs::PermissionsExt::mode(
         &std::fs::metadata(&control).unwrap().permissions(),
     );
@@ -289,7 +260,7 @@ fn queries_and_protocol_errors() {
 #[test]
 fn counters_stats_reset_and_iothread_set() {
     let dir = scratch("ctl-counters");
-    let (daemon, control) = start_with_control(&dir, null_export(&dir, 2));
+    let (daemon, control) = start_one(&dir, null_export(&dir, 2));
     let mut c = Client::connect(&dir.join("disk.sock"), 2).unwrap();
     for i in 0..10 {
         assert_eq!(c.write(0, i * 4096, 0, 4096), 0);
@@ -374,7 +345,7 @@ fn counters_stats_reset_and_iothread_set() {
 #[test]
 fn export_add_io_and_export_del() {
     let dir = scratch("ctl-exports");
-    let (daemon, control) = start_with_control(&dir, null_export(&dir, 1));
+    let (daemon, control) = start_one(&dir, null_export(&dir, 1));
     let sock = dir.join("e2.sock");
     let image = dir.join("e2.raw");
     let added = ok(
@@ -480,8 +451,7 @@ fn export_add_io_and_export_del() {
 #[test]
 fn vanishing_control_clients_do_not_disturb_io() {
     let dir = scratch("ctl-vanish");
-    let (daemon, control) =
-        start_with_control(&dir, export(&dir, BackendKind::IoUring, 2, 16 << 20));
+    let (daemon, control) = start_one(&dir, export(&dir, BackendKind::IoUring, 2, 16 << 20));
     let stop = Arc::new(AtomicBool::new(false));
     let sock = dir.join("disk.sock");
     let io = {

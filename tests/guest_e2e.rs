@@ -337,15 +337,14 @@ impl Daemon {
             .unwrap_or_else(|e| case.fail(format!("{}: bad stats file: {e}", self.tag)))
     }
 
-    /// An upgrade: a new daemon `tag` started with `--takeover` (it waits for
-    /// the socket), SIGTERM to this one (drains, removes the socket, exits 0);
-    /// returns the new one once it has bound the socket.
+    /// An upgrade: a new daemon `tag` started with `--takeover` takes the
+    /// socket and the live connection over from this one and sends it SIGTERM
+    /// (it exits 0); returns the new one once it serves the socket.
     fn upgrade(mut self, case: &Case, tag: &str, o: &DaemonOpts, extra: &[&str]) -> Daemon {
         let mut args = extra.to_vec();
         args.push("--takeover");
         // The old daemon's socket exists: start_with returns at once.
         let mut new = Daemon::start_with(case, tag, o, &args);
-        signal(self.child.id(), libc::SIGTERM);
         let st = self.wait_exit(case, Duration::from_secs(30));
         case.check(st.code() == Some(0), || {
             format!("{}: vqblk exited with {st} after SIGTERM", self.tag)
@@ -667,6 +666,19 @@ fn count_in(path: &Path, needle: &str) -> usize {
         .unwrap_or_default()
         .matches(needle)
         .count()
+}
+
+/// Milliseconds of the day of the first log line of `path` containing
+/// `needle` (the logger's `2026-01-01T12:34:56.789Z` timestamp).
+fn logged_at_ms(path: &Path, needle: &str) -> Option<u64> {
+    let text = fs::read_to_string(path).ok()?;
+    let line = text.lines().find(|l| l.contains(needle))?;
+    let time = line.split_whitespace().next()?.split('T').nth(1)?;
+    let time = time.trim_end_matches('Z');
+    let (hms, ms) = time.split_once('.')?;
+    let mut parts = hms.split(':').map(|p| p.parse::<u64>().ok());
+    let (h, m, sec) = (parts.next()??, parts.next()??, parts.next()??);
+    Some(((h * 60 + m) * 60 + sec) * 1000 + ms.parse::<u64>().ok()?)
 }
 
 /// Polls the daemon's counters until `pred` holds.
@@ -1138,9 +1150,9 @@ fn seq_block(writer: u64, seq: u64, block: u64, blocks: u64) -> Vec<u8> {
 /// the longest gap between two completions the guest saw, in seconds.
 ///
 /// With `upgrade`, each restart is an upgrade instead of a kill: the next
-/// daemon starts with `--takeover` while the old one runs, the old one gets
-/// SIGTERM (drains, removes its socket, exits 0) and the new one binds; the
-/// longest gap is then the guest-visible stall of an upgrade.
+/// daemon starts with `--takeover` while the old one runs and takes its live
+/// connection over (QEMU never reconnects), then stops it; the longest gap
+/// is then the guest-visible stall of an upgrade.
 fn writes_survive_kills(name: &'static str, null: bool, upgrade: bool) -> f64 {
     const KILLS: u32 = 10;
     const BLOCKS: u64 = 64;
@@ -1196,6 +1208,8 @@ fn writes_survive_kills(name: &'static str, null: bool, upgrade: bool) -> f64 {
     );
     // Kills spread over most of the writing time, at pseudo-random moments.
     let mut rng = std::process::id() as u64 ^ 0x9e37_79b9_7f4a_7c15;
+    // When each kill was sent, in the logs' time (UTC ms of the day).
+    let mut killed_at = Vec::new();
     for k in 1..=KILLS {
         rng ^= rng << 13;
         rng ^= rng >> 7;
@@ -1205,6 +1219,10 @@ fn writes_survive_kills(name: &'static str, null: bool, upgrade: bool) -> f64 {
         if upgrade {
             d = d.upgrade(&case, &tag, &opts, &extra);
         } else {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap();
+            killed_at.push((now.as_millis() % 86_400_000) as u64);
             d.kill9(&case);
             d = Daemon::start_with(&case, &tag, &opts, &extra);
         }
@@ -1213,17 +1231,57 @@ fn writes_survive_kills(name: &'static str, null: bool, upgrade: bool) -> f64 {
     case.check(d.alive(), || "the last daemon died".into());
     let fin = d.term(&case);
     print_stats("last daemon", &fin);
-    let reconnected = (1..=KILLS)
-        .filter(|k| {
-            count_in(
-                &case.dir.join(format!("vqblk-{k}.log")),
-                "frontend connected",
-            ) > 0
-        })
-        .count();
-    case.check(reconnected == KILLS as usize, || {
-        format!("QEMU reconnected to {reconnected} of the {KILLS} restarted daemons")
-    });
+    let logged = |what: &str| {
+        (1..=KILLS)
+            .filter(|k| count_in(&case.dir.join(format!("vqblk-{k}.log")), what) > 0)
+            .count()
+    };
+    let reconnected = logged("frontend connected");
+    if upgrade {
+        // The rings' stop per upgrade, from the daemons' logs: from the old
+        // daemon starting its drain to the new one's rings running.
+        let mut stops: Vec<u64> = (1..=KILLS)
+            .filter_map(|k| {
+                let from = logged_at_ms(
+                    &case.dir.join(format!("vqblk-{}.log", k - 1)),
+                    "handing over to process",
+                )?;
+                let to = logged_at_ms(&case.dir.join(format!("vqblk-{k}.log")), "rings resumed")?;
+                Some(to.saturating_sub(from))
+            })
+            .collect();
+        eprintln!("[e2e]   rings stopped per upgrade (ms, daemon logs): {stops:?}");
+        stops.sort_unstable();
+        if let (Some(median), Some(max)) = (stops.get(stops.len() / 2), stops.last()) {
+            eprintln!("[e2e]   rings stopped: median {median} ms, longest {max} ms");
+        }
+        // Handed over: QEMU kept its connection through every upgrade.
+        let taken = logged("connection taken over");
+        case.check(taken == KILLS as usize && reconnected == 0, || {
+            format!(
+                "{taken} of the {KILLS} new daemons took the connection over, \
+                 QEMU reconnected to {reconnected}"
+            )
+        });
+    } else {
+        // The rings' stop per kill: from the SIGKILL to the next daemon's
+        // first ring running again (QEMU reconnected and set it up).
+        let mut stops: Vec<u64> = (1..=KILLS)
+            .zip(&killed_at)
+            .filter_map(|(k, &at)| {
+                let to = logged_at_ms(&case.dir.join(format!("vqblk-{k}.log")), "vring 0 started")?;
+                Some(to.saturating_sub(at))
+            })
+            .collect();
+        eprintln!("[e2e]   rings stopped per kill (ms, kill to ring start): {stops:?}");
+        stops.sort_unstable();
+        if let (Some(median), Some(max)) = (stops.get(stops.len() / 2), stops.last()) {
+            eprintln!("[e2e]   rings stopped: median {median} ms, longest {max} ms");
+        }
+        case.check(reconnected == KILLS as usize, || {
+            format!("QEMU reconnected to {reconnected} of the {KILLS} restarted daemons")
+        });
+    }
     let resubmitted: usize = (1..=KILLS)
         .map(|k| {
             count_in(
@@ -1286,8 +1344,9 @@ fn guest_writes_survive_daemon_kills_file() {
     writes_survive_kills("kills-file", false, false);
 }
 
-/// [`writes_survive_kills`] with upgrades (`serve --takeover`, SIGTERM to
-/// the old daemon) instead of kills: the guest-visible stall of an upgrade.
+/// [`writes_survive_kills`] with upgrades (`serve --takeover`: the live
+/// connection is handed over, QEMU never reconnects) instead of kills: the
+/// guest-visible stall of an upgrade, and the rings' stop per upgrade.
 #[test]
 fn guest_writes_survive_daemon_upgrades_file() {
     writes_survive_kills("upgrades-file", false, true);

@@ -171,6 +171,13 @@ impl Proc {
         matches!(self.child.try_wait(), Ok(None))
     }
 
+    /// SIGKILL: nothing is drained, the socket file stays behind.
+    fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        eprintln!("[mig] {} killed (SIGKILL)", self.tag);
+    }
+
     /// SIGTERM, then SIGKILL after `grace`.
     fn stop(&mut self, grace: Duration) {
         if !self.alive() {
@@ -350,6 +357,18 @@ struct Setup {
     /// Guest vCPUs (the guest uses min(queues, vCPUs) queues).
     smp: u16,
     writers: u16,
+    /// Which daemon is SIGKILLed and restarted during the iterative phase.
+    restart: Restart,
+}
+
+/// A daemon killed (SIGKILL) and started again in the middle of a migration.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Restart {
+    No,
+    /// The source's, while the guest runs and the dirty log is on.
+    Source,
+    /// The destination's, while its QEMU waits for the incoming state.
+    Destination,
 }
 
 fn daemon(case: &Case, tag: &str, image: &Path, socket: &Path, s: Setup) -> Proc {
@@ -455,7 +474,16 @@ fn qemu(
         .arg(dir.join("initramfs.cpio.gz"))
         .args(["-append", &append])
         .arg("-chardev")
-        .arg(format!("socket,id=vhost0,path={}", socket.display()))
+        .arg(format!(
+            "socket,id=vhost0,path={}{}",
+            socket.display(),
+            // QEMU reconnects to the restarted daemon, as in production.
+            if s.restart == Restart::No {
+                ""
+            } else {
+                ",reconnect-ms=200"
+            }
+        ))
         .args([
             "-device",
             &format!("vhost-user-blk-pci,chardev=vhost0,num-queues={}", s.queues),
@@ -517,6 +545,7 @@ fn migrate_with_io(name: &'static str, s: Setup) {
         json!({"uri": format!("unix:{}", mig.display())}),
     );
     let mut released = false;
+    let mut restarted = false;
     let mut second_pass: Option<Instant> = None;
     let info = loop {
         let info = qa.cmd(&case, "query-migrate", json!({}));
@@ -524,6 +553,22 @@ fn migrate_with_io(name: &'static str, s: Setup) {
         let syncs = info["ram"]["dirty-sync-count"].as_u64().unwrap_or(0);
         if syncs >= 2 && second_pass.is_none() {
             second_pass = Some(Instant::now());
+        }
+        if s.restart != Restart::No && !restarted && second_pass.is_some() {
+            // The iterative phase: the dirty log is on, the guest writes.
+            restarted = true;
+            let (proc_, sock, tag) = match s.restart {
+                Restart::Source => (&mut daemon_a, &sock_a, "vqblk-a-restarted"),
+                _ => (&mut daemon_b, &sock_b, "vqblk-b-restarted"),
+            };
+            proc_.kill9();
+            // The killed daemon's socket file stays; the new one binds afresh
+            // (QEMU keeps retrying meanwhile).
+            let _ = fs::remove_file(sock);
+            *proc_ = daemon(&case, tag, &image, sock, s);
+            eprintln!(
+                "[mig] {name}: {tag} started during the iterative phase (dirty syncs {syncs})"
+            );
         }
         let held = second_pass.is_some_and(|t| t.elapsed() >= HOLD);
         if !released && syncs >= ROUNDS && held {
@@ -545,6 +590,14 @@ fn migrate_with_io(name: &'static str, s: Setup) {
         }
         std::thread::sleep(Duration::from_millis(100));
     };
+    if s.restart == Restart::Source {
+        // What makes a restart lose nothing: QEMU handed the region recording
+        // the requests in flight back to the new daemon.
+        let log = fs::read_to_string(d.join("vqblk-a-restarted.log")).unwrap_or_default();
+        if !log.contains("inflight region handed back by the frontend") {
+            case.fail("the restarted source daemon never got the inflight region back");
+        }
+    }
     let during = progress_sum(&progress(&serial_a));
     let total_ms = info["total-time"].as_u64().unwrap_or(0);
     let syncs = info["ram"]["dirty-sync-count"].as_u64().unwrap_or(0);
@@ -674,6 +727,7 @@ fn guest_migrates_with_io_running() {
             queues: 1,
             smp: 1,
             writers: 2,
+            restart: Restart::No,
         },
     );
 }
@@ -689,6 +743,7 @@ fn guest_migrates_with_io_running_null() {
             queues: 1,
             smp: 1,
             writers: 2,
+            restart: Restart::No,
         },
     );
 }
@@ -708,6 +763,7 @@ fn guest_migrates_with_io_running_qsd() {
             queues: 1,
             smp: 1,
             writers: 2,
+            restart: Restart::No,
         },
     );
 }
@@ -723,6 +779,47 @@ fn guest_migrates_with_io_running_two_queues_two_iothreads() {
             queues: 2,
             smp: 2,
             writers: 2,
+            restart: Restart::No,
+        },
+    );
+}
+
+/// The source daemon is SIGKILLed and restarted while the migration copies
+/// memory and the guest writes: QEMU reconnects, the new daemon resubmits what
+/// was in flight (inflight region) and logs its writes from the start (QEMU
+/// hands it the dirty log again), and the guest ends on the destination with
+/// every block verified.
+#[test]
+fn guest_migrates_while_the_source_daemon_restarts() {
+    migrate_with_io(
+        "uring-restart-src",
+        Setup {
+            server: Server::Vqblk,
+            backend: "io_uring",
+            iothreads: 1,
+            queues: 1,
+            smp: 1,
+            writers: 2,
+            restart: Restart::Source,
+        },
+    );
+}
+
+/// The destination daemon is SIGKILLed and restarted while its QEMU waits
+/// for the incoming state: QEMU reconnects before the switch-over and the
+/// guest goes on on the destination with every block verified.
+#[test]
+fn guest_migrates_while_the_destination_daemon_restarts() {
+    migrate_with_io(
+        "uring-restart-dst",
+        Setup {
+            server: Server::Vqblk,
+            backend: "io_uring",
+            iothreads: 1,
+            queues: 1,
+            smp: 1,
+            writers: 2,
+            restart: Restart::Destination,
         },
     );
 }

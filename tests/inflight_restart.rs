@@ -328,14 +328,40 @@ fn a_region_that_does_not_fit_is_refused_not_mapped() {
     );
 }
 
-/// The upgrade procedure of docs/qemu.md: the new daemon starts with
-/// `--takeover` while the old one serves, waits, and binds once the old one,
-/// sent SIGTERM, has drained its requests and removed the socket; the frontend
-/// reconnects and carries on with the same inflight region.
+/// Takes the handover socket of the export on `sock` before its daemon
+/// starts (which then serves without one), and answers a successor's hello
+/// as a daemon of another version would: refused. The successor falls back
+/// to waiting for the socket (tests/handover.rs has the handover itself).
+fn refuse_handovers(sock: &Path) -> std::thread::JoinHandle<String> {
+    use std::io::{Read, Write};
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr, UnixListener};
+    let name = format!("vqblk-handover:{}", sock.display());
+    let addr = SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+    let listener = UnixListener::bind_addr(&addr).unwrap();
+    std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut n = [0u8; 4];
+        s.read_exact(&mut n).unwrap();
+        let mut hello = vec![0u8; u32::from_le_bytes(n) as usize];
+        s.read_exact(&mut hello).unwrap();
+        let refuse = br#"{"refuse":"version mismatch (test)"}"#;
+        s.write_all(&(refuse.len() as u32).to_le_bytes()).unwrap();
+        s.write_all(refuse).unwrap();
+        String::from_utf8(hello).unwrap()
+    })
+}
+
+/// The upgrade procedure of docs/qemu.md when the running daemon cannot hand
+/// its connections over: the new daemon starts with `--takeover` while the old
+/// one serves, is refused, waits, and binds once the old one, sent SIGTERM,
+/// has drained its requests and removed the socket; the frontend reconnects
+/// and carries on with the same inflight region.
 #[test]
 fn takeover_replaces_a_running_daemon() {
     let dir = common::scratch("inflight-takeover");
     let sock = dir.join("null.sock");
+    let refusal = refuse_handovers(&sock);
     let mut old = Daemon::start(&dir, &sock, 1);
     let mut f = Frontend::connect_when_listening(&sock);
     let mut kept = None;
@@ -346,6 +372,9 @@ fn takeover_replaces_a_running_daemon() {
     std::thread::sleep(Duration::from_millis(300));
     assert!(new.child.try_wait().unwrap().is_none(), "{}", new.log());
     assert!(new.log().contains("takeover: waiting"), "{}", new.log());
+    let hello = refusal.join().unwrap();
+    assert!(hello.contains("\"magic\":\"vqblk-handover\""), "{hello}");
+    assert!(new.log().contains("refused to hand"), "{}", new.log());
     // The old daemon drains (the write completes after its 1 s) and exits.
     let t = Instant::now();
     // SAFETY: kill(2) on our own child.

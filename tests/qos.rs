@@ -8,16 +8,16 @@
 mod common;
 
 use std::mem::MaybeUninit;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use blkio::{Blkioq, Completion, ReqFlags};
+use common::control_socket::*;
 use common::*;
 use serde_json::{json, Value};
 use vqblk_daemon::config::ThrottleGroupConfig;
-use vqblk_daemon::config::{BackendKind, ControlConfig, ExportConfig, ServeConfig};
-use vqblk_daemon::control::client::{ClientError, ControlClient};
-use vqblk_daemon::daemon::Daemon;
+use vqblk_daemon::config::{BackendKind, ExportConfig};
+use vqblk_daemon::control::client::ClientError;
 use vqblk_daemon::qos::ThrottleConfig;
 
 const SIZE: u64 = 64 << 20;
@@ -120,33 +120,6 @@ fn null_export(dir: &Path, name: &str, queues: u16) -> ExportConfig {
     e
 }
 
-/// A daemon over 2 IOThreads with `exports`, `groups` and a control socket.
-fn start_daemon(
-    dir: &Path,
-    exports: Vec<ExportConfig>,
-    groups: Vec<ThrottleGroupConfig>,
-) -> (Daemon, PathBuf) {
-    let _ = vqblk_daemon::cli::init_logging("warn");
-    let control = dir.join("control.sock");
-    let mut cfg = ServeConfig {
-        exports,
-        control: Some(ControlConfig {
-            socket: control.clone(),
-            mode: None,
-        }),
-        throttle_groups: groups,
-        ..Default::default()
-    };
-    cfg.iothreads.count = 2;
-    (Daemon::start(&cfg).expect("daemon starts"), control)
-}
-
-fn call(control: &Path, method: &str, params: Value) -> Result<Value, ClientError> {
-    ControlClient::connect(control)
-        .unwrap()
-        .call(method, params)
-}
-
 /// Each queue of `c` driven by its own thread with `ops[i]`; what each did.
 fn drive_all(c: &mut Client, ops: &[Op], bs: usize) -> Vec<Measured> {
     let addr = c.region.addr;
@@ -174,7 +147,7 @@ fn iops_total_caps_reads_and_writes_together() {
         iops_total: Some(200),
         ..Default::default()
     });
-    let (daemon, _) = start_daemon(&dir, vec![e], vec![]);
+    let (daemon, _) = start_with_control(&dir, vec![e], vec![]);
     let mut c = Client::connect(&daemon.sockets()[0], 2).unwrap();
     let m = drive_all(&mut c, &[Op::Read, Op::Write], 4096);
     near(
@@ -208,7 +181,7 @@ fn bps_total_caps_bytes() {
         bps_total: Some(bps),
         ..Default::default()
     });
-    let (daemon, _) = start_daemon(&dir, vec![e], vec![]);
+    let (daemon, _) = start_with_control(&dir, vec![e], vec![]);
     let mut c = Client::connect(&daemon.sockets()[0], 1).unwrap();
     let bs = 64 << 10;
     let m = drive_all(&mut c, &[Op::Read], bs);
@@ -229,7 +202,7 @@ fn iops_read_limits_reads_not_writes() {
         iops_read: Some(100),
         ..Default::default()
     });
-    let (daemon, _) = start_daemon(&dir, vec![e], vec![]);
+    let (daemon, _) = start_with_control(&dir, vec![e], vec![]);
     let mut c = Client::connect(&daemon.sockets()[0], 2).unwrap();
     let m = drive_all(&mut c, &[Op::Read, Op::Write], 4096);
     near("read IOPS", m[0].iops(), 100.0, 0.15);
@@ -252,7 +225,7 @@ fn a_burst_then_the_average_rate() {
         iops_total_max_length: Some(2),
         ..Default::default()
     });
-    let (daemon, _) = start_daemon(&dir, vec![e], vec![]);
+    let (daemon, _) = start_with_control(&dir, vec![e], vec![]);
     let mut c = Client::connect(&daemon.sockets()[0], 1).unwrap();
     let addr = c.region.addr;
     // The bucket holds 300 * 2 operations and fills at 300/s while it
@@ -297,7 +270,7 @@ fn a_group_of_three_exports_shares_its_limit() {
             ..Default::default()
         },
     };
-    let (daemon, control) = start_daemon(&dir, exports, vec![group]);
+    let (daemon, control) = start_with_control(&dir, exports, vec![group]);
     let groups = call(&control, "query-throttle-groups", json!({})).unwrap();
     assert_eq!(groups[0]["name"], "tenant");
     assert_eq!(groups[0]["limits"]["iops-total"], 300);
@@ -339,7 +312,7 @@ fn limits_change_live_on_the_control_socket() {
         iops_total: Some(100),
         ..Default::default()
     });
-    let (daemon, control) = start_daemon(&dir, vec![e], vec![]);
+    let (daemon, control) = start_with_control(&dir, vec![e], vec![]);
     let mut c = Client::connect(&daemon.sockets()[0], 1).unwrap();
     let addr = c.region.addr;
     let run =

@@ -12,6 +12,7 @@ use vqblk_daemon::config::{BackendKind, CacheMode, ExportConfig, ServeConfig};
 use vqblk_daemon::daemon::Daemon;
 
 pub mod ceph;
+pub mod control_socket;
 
 /// A scratch directory on a disk file system (O_DIRECT works there, unlike tmpfs).
 pub fn scratch(name: &str) -> PathBuf {

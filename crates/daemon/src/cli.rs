@@ -9,7 +9,7 @@ use clap::Args;
 use log::{error, info};
 
 use crate::config::{BackendKind, CacheMode, ExportConfig, IoThreadConfig, ServeConfig};
-use crate::daemon::Daemon;
+use crate::daemon::{handover, Daemon};
 use crate::mapping::VirtqueueMap;
 use crate::metrics::MetricsServer;
 
@@ -111,10 +111,14 @@ pub struct ServeArgs {
     /// Log level: error, warn, info, debug, trace.
     #[arg(long, default_value = "info")]
     pub log_level: String,
-    /// Replace a running `vqblk serve` on the same sockets (binary upgrade): wait
-    /// until every socket is released (the old daemon, sent SIGTERM, drains its
-    /// requests and removes them; a killed one leaves a dead socket), then bind.
-    /// QEMU's `reconnect-ms` reattaches the guests (docs/qemu.md, "Upgrade").
+    /// Replace a running `vqblk serve` on the same sockets (binary upgrade): the
+    /// running daemon hands over each export's socket and live connection (the
+    /// frontend sees no disconnect) and is then sent SIGTERM. An export it
+    /// cannot hand over (another version, or no daemon answering) is waited
+    /// for until its socket is released (the old daemon, sent SIGTERM, drains
+    /// its requests and removes it; a killed one leaves a dead socket), then
+    /// bound: QEMU's `reconnect-ms` reattaches those guests (docs/qemu.md,
+    /// "Upgrade").
     #[arg(long)]
     pub takeover: bool,
     /// Write the statistics as JSON to this file on exit and on SIGUSR1.
@@ -341,6 +345,41 @@ fn wait_released(path: &std::path::Path) {
     }
 }
 
+/// `--takeover`: asks the running daemon to hand each export over
+/// (`daemon::handover`), sends the daemons that did SIGTERM, and waits for
+/// the sockets of the others to be released (and for the control socket, if
+/// a predecessor is stopping). Returns what was handed over, by export, and
+/// the predecessors' pids.
+fn take_over(cfg: &ServeConfig) -> (Vec<Option<handover::Arrival>>, Vec<i32>) {
+    let arrivals: Vec<_> = cfg
+        .exports
+        .iter()
+        .map(|e| {
+            handover::receive(&e.socket, e.queues, e.queue_size).unwrap_or_else(|err| {
+                error!("takeover: {}: no handover: {err}", e.socket.display());
+                None
+            })
+        })
+        .collect();
+    let mut predecessors: Vec<i32> = arrivals.iter().flatten().map(|a| a.predecessor).collect();
+    predecessors.sort_unstable();
+    predecessors.dedup();
+    for &pid in &predecessors {
+        info!("takeover: stopping process {pid}, whose exports were handed over");
+        // SAFETY: kill(2) takes no pointer.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+    }
+    for (e, a) in cfg.exports.iter().zip(&arrivals) {
+        if a.is_none() {
+            wait_released(&e.socket);
+        }
+    }
+    if let Some(c) = cfg.control.as_ref().filter(|_| !predecessors.is_empty()) {
+        wait_released(&c.socket);
+    }
+    (arrivals, predecessors)
+}
+
 /// `vqblk serve`: runs until SIGINT/SIGTERM; returns the exit code.
 pub fn run_serve(args: ServeArgs) -> i32 {
     if let Err(e) = init_logging(&args.log_level) {
@@ -371,12 +410,12 @@ pub fn run_serve(args: ServeArgs) -> i32 {
             return 1;
         }
     };
-    if args.takeover {
-        for e in &cfg.exports {
-            wait_released(&e.socket);
-        }
-    }
-    let daemon = match Daemon::start(&cfg) {
+    let (arrivals, predecessors) = if args.takeover {
+        take_over(&cfg)
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    let daemon = match Daemon::start_adopting(&cfg, arrivals) {
         Ok(d) => d,
         Err(e) => {
             eprintln!("vqblk serve: {e}");
@@ -387,7 +426,15 @@ pub fn run_serve(args: ServeArgs) -> i32 {
         None => None,
         Some(m) => {
             let addr = m.addr().expect("validated");
-            match MetricsServer::start(addr, daemon.iothread_stats(), cfg.seccomp) {
+            // A predecessor that handed its exports over may still hold the
+            // address for the moment it takes to stop.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let mut started = MetricsServer::start(addr, daemon.iothread_stats(), cfg.seccomp);
+            while started.is_err() && !predecessors.is_empty() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+                started = MetricsServer::start(addr, daemon.iothread_stats(), cfg.seccomp);
+            }
+            match started {
                 Ok(s) => Some(s),
                 Err(e) => {
                     eprintln!("vqblk serve: --metrics {addr}: {e}");

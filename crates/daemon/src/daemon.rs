@@ -28,10 +28,11 @@ use crate::poll::{PollMode, PollParams};
 use crate::seccomp::SeccompMode;
 use crate::seccomp::ThreadKind;
 use crate::stats::DaemonSnapshot;
-use crate::vhost_user::{serve_frontend, wait_readable, ExportShared, SessionEnd};
+use crate::vhost_user::{wait_frontend, ExportShared, Session, SessionEnd, Successor};
 use crate::virtio::{BlkGeometry, SECTOR_SIZE};
 
 mod control_target;
+pub mod handover;
 pub mod queue_move;
 mod throttle;
 
@@ -119,6 +120,9 @@ pub(crate) struct ExportRunner {
     /// the drain and the fsync) unlinked the new daemon's socket, and no
     /// frontend could reconnect.
     socket_id: Option<SocketId>,
+    /// The socket and its connection went to a successor (an upgrade
+    /// without reconnect): the socket is its now, never removed here.
+    handed_over: Arc<AtomicBool>,
     control: Option<JoinHandle<()>>,
 }
 
@@ -141,6 +145,9 @@ impl ExportRunner {
 
     /// Removes the socket file if it is still the one this daemon bound.
     fn remove_socket(&self) {
+        if self.handed_over.load(Ordering::Acquire) {
+            return;
+        }
         if self.socket_id.is_some() && socket_id(&self.socket) == self.socket_id {
             let _ = fs::remove_file(&self.socket);
         }
@@ -233,7 +240,7 @@ impl DaemonState {
         // Under the exports lock: a throttle group that changes meanwhile
         // finds the export among its members.
         let mut exports = self.exports.lock().unwrap();
-        let runner = self.start_export(index, plan, disk)?;
+        let runner = self.start_export(index, plan, disk, None)?;
         exports.push(runner);
         Ok(name)
     }
@@ -259,13 +266,15 @@ impl DaemonState {
         Ok(())
     }
 
-    /// Binds the socket of a validated export over its opened disk and starts
+    /// Binds the socket of a validated export over its opened disk (or takes
+    /// the one a predecessor handed over, with its connection) and starts
     /// its control thread.
     fn start_export(
         &self,
         index: usize,
         plan: ExportPlan,
         disk: Disk,
+        arrival: Option<handover::Arrival>,
     ) -> Result<ExportRunner, DaemonError> {
         let c = &plan.config;
         let queue_size = c.queue_size;
@@ -307,8 +316,25 @@ impl DaemonState {
             path: c.socket.clone(),
             message,
         };
-        let listener = bind_socket(&c.socket, plan.socket_mode).map_err(sock_err)?;
+        let (listener, resumed) = match arrival {
+            Some(a) => (a.listener, handover::resume(a.connection, &shared)),
+            None => (
+                bind_socket(&c.socket, plan.socket_mode).map_err(sock_err)?,
+                None,
+            ),
+        };
         let socket_id = socket_id(&c.socket);
+        let port = handover::HandoverPort::bind(&c.socket, &plan.name, c.queues, queue_size)
+            .map_err(|e| {
+                warn!(
+                    "export {}: no handover on upgrades (they will reconnect): {e}",
+                    plan.name
+                )
+            })
+            .ok();
+        let handed_over = port
+            .as_ref()
+            .map_or_else(Default::default, |p| p.handed_over());
         info!(
             "export {}: {} ({} bytes, backend {:?}, cache {:?}{}) on {} with {} queues, mapping {}",
             plan.name,
@@ -336,7 +362,7 @@ impl DaemonState {
                 if let Err(e) = crate::seccomp::apply(ThreadKind::Control, seccomp) {
                     error!("{e}: the control thread runs without a filter");
                 }
-                control_loop(listener, shared, sd, conn)
+                control_loop(listener, shared, sd, conn, port, resumed)
             });
         let control = match control {
             Ok(j) => j,
@@ -351,6 +377,7 @@ impl DaemonState {
             config: c.clone(),
             initial_map: plan.map,
             socket_id,
+            handed_over,
             shared: weak,
             device,
             limits: qos,
@@ -446,6 +473,15 @@ fn refuse_unenforced_shares(
 impl Daemon {
     /// Validates `config`, opens every export and starts serving.
     pub fn start(config: &ServeConfig) -> Result<Daemon, DaemonError> {
+        Daemon::start_adopting(config, Vec::new())
+    }
+
+    /// [`Daemon::start`], serving export `i` on what a predecessor handed
+    /// over in `arrivals[i]` (`vqblk serve --takeover`) when there is one.
+    pub fn start_adopting(
+        config: &ServeConfig,
+        mut arrivals: Vec<Option<handover::Arrival>>,
+    ) -> Result<Daemon, DaemonError> {
         let plans = config.validate()?;
         for (i, e) in config.exports.iter().enumerate() {
             refuse_unenforced_shares(e, |key| format!("export[{i}].{key}"))?;
@@ -506,7 +542,8 @@ impl Daemon {
             stopped: false,
         };
         for (index, (plan, disk)) in plans.into_iter().zip(disks).enumerate() {
-            let runner = state.start_export(index, plan, disk)?;
+            let arrival = arrivals.get_mut(index).and_then(Option::take);
+            let runner = state.start_export(index, plan, disk, arrival)?;
             state.exports.lock().unwrap().push(runner);
         }
         if let Some(c) = &config.control {
@@ -657,31 +694,65 @@ fn bind_socket(path: &Path, mode: u32) -> Result<UnixListener, String> {
 }
 
 /// One export's control thread: accept a frontend, serve its vhost-user
-/// messages until it goes away, drain, and accept the next one.
+/// messages until it goes away, drain, and accept the next one; first the
+/// connection a predecessor handed over (`resumed`), if any. Ends when the
+/// daemon stops, or when a successor took the export over `port`.
 fn control_loop(
     listener: UnixListener,
     shared: Arc<ExportShared>,
     shutdown: Arc<EventFd>,
     connected: Arc<AtomicBool>,
+    mut port: Option<handover::HandoverPort>,
+    mut resumed: Option<Session>,
 ) {
     let name = shared.device.name.clone();
     loop {
-        if wait_readable(listener.as_raw_fd(), &shutdown, None) {
-            break;
-        }
-        let stream = match listener.accept() {
-            Ok((s, _)) => s,
-            Err(e) => {
-                warn!("export {name}: accept failed: {e}");
-                continue;
+        let session = match resumed.take() {
+            Some(s) => s,
+            None => {
+                let knock = port.as_ref().and_then(|p| p.fd());
+                match wait_frontend(listener.as_raw_fd(), knock, &shutdown) {
+                    None => break,
+                    Some(false) => {
+                        // No frontend: the listener alone goes.
+                        let channel = port.as_mut().and_then(|p| p.knock());
+                        if let Some(channel) = channel {
+                            if port.take().unwrap().hand_over(channel, &listener, None) {
+                                return;
+                            }
+                        }
+                        continue;
+                    }
+                    Some(true) => {}
+                }
+                match listener.accept() {
+                    Ok((s, _)) => {
+                        info!("export {name}: frontend connected");
+                        Session::new(s, &shared)
+                    }
+                    Err(e) => {
+                        warn!("export {name}: accept failed: {e}");
+                        continue;
+                    }
+                }
             }
         };
-        info!("export {name}: frontend connected");
         connected.store(true, Ordering::Release);
-        let end = serve_frontend(stream, &shared, &shutdown);
+        let end = session.serve(&shutdown, port.as_mut().map(|p| p as &mut dyn Successor));
         connected.store(false, Ordering::Release);
-        if end == SessionEnd::Shutdown {
-            break;
+        match end {
+            SessionEnd::Shutdown => break,
+            SessionEnd::Disconnected => {}
+            SessionEnd::HandedOver(d) => {
+                let connection = Some((d.state, d.files));
+                if port
+                    .take()
+                    .unwrap()
+                    .hand_over(d.channel, &listener, connection)
+                {
+                    return;
+                }
+            }
         }
     }
 }

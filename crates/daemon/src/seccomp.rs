@@ -116,7 +116,10 @@ const COMMON: &[libc::c_long] = &[
 ];
 
 /// A control thread: the vhost-user conversation with one frontend (and
-/// `ioctl(FIONREAD)` only, see [`program`]).
+/// `ioctl(FIONREAD)` only, see [`program`]), and an upgrade's handover of it
+/// to a successor (`daemon::handover`: `accept4` on the handover socket,
+/// `getsockopt(SO_PEERCRED)`, `sendmsg` with `SCM_RIGHTS`), which needs no
+/// call beyond the conversation's.
 const CONTROL: &[libc::c_long] = &[
     libc::SYS_accept4,
     libc::SYS_getsockopt,
@@ -147,7 +150,8 @@ const CONTROL: &[libc::c_long] = &[
 /// what a new thread does to itself, `seccomp` for its own narrower filter);
 /// `export-del` fdatasyncs the image and unlinks the socket; answers read
 /// `/proc/self/task/TID/stat` for CPU time (`openat`); client sockets get a
-/// send timeout (`setsockopt`).
+/// send timeout (`setsockopt`); the added export's handover socket is bound
+/// once the daemon knows its own uid (`geteuid`, asked once per process).
 const RPC: &[libc::c_long] = &[
     libc::SYS_openat,
     libc::SYS_socket,
@@ -166,6 +170,7 @@ const RPC: &[libc::c_long] = &[
     libc::SYS_seccomp,
     libc::SYS_fdatasync,
     libc::SYS_fsync,
+    libc::SYS_geteuid,
     // glibc's chmod, mkdir and unlink use the old calls where they exist.
     #[cfg(target_arch = "x86_64")]
     libc::SYS_chmod,

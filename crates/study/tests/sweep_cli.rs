@@ -186,6 +186,42 @@ fn null_sweep_report_recommend_and_resume() {
     }
     let out = vqblk(d, &["recommend", res_s, "--workload", "write"]);
     assert_eq!(out.status.code(), Some(2), "no cell matches");
+
+    // With limits: the snippets carry them; limits vqblk serve would refuse are
+    // refused here, naming the key.
+    let rec = vqblk_ok(
+        d,
+        &[
+            "recommend",
+            res_s,
+            "--workload",
+            "randread",
+            "--throttle",
+            "iops-total=2000",
+        ],
+    );
+    for s in [
+        " --throttle iops-total=2000\n",
+        "[export.throttle]\niops-total = 2000\n",
+        "<total_iops_sec>2000</total_iops_sec>",
+    ] {
+        assert!(rec.contains(s), "missing {s} in {rec}");
+    }
+    let out = vqblk(
+        d,
+        &[
+            "recommend",
+            res_s,
+            "--throttle",
+            "iops-total=100,iops-read=50",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(2), "invalid limits");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--throttle") && err.contains("iops-read"),
+        "{err}"
+    );
 }
 
 #[test]

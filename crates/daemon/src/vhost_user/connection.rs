@@ -25,6 +25,7 @@ use vhost::VhostUserMemoryRegionBase;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{GuestAddress, GuestAddressSpace};
 
+use super::handover::{InflightState, LogState, RegionState};
 use super::memory::{AddrMapping, Sealing};
 use super::ExportShared;
 use crate::dirty_log::DirtyLog;
@@ -33,6 +34,7 @@ use crate::inflight::InflightRegion;
 use crate::iothread::{Command, GuestMem, GuestMemHandle, QueueAttach, QueueKey};
 use crate::virtio::{features, CONFIG_WRITEBACK_OFFSET};
 
+mod handover;
 mod inflight;
 mod mem_table;
 mod migration;
@@ -84,6 +86,15 @@ pub struct Connection {
     /// Why the connection must be closed after the current message (memory
     /// refused under `memory-sealing = required`).
     closing: Option<String>,
+    /// What an upgrade hands to the next process with the mappings above
+    /// (`handover`): each memory region's description and file, in table
+    /// order; the inflight region's and the dirty log's.
+    region_files: Vec<(RegionState, File)>,
+    inflight_file: Option<(InflightState, File)>,
+    log_file: Option<(LogState, File)>,
+    /// SET_PROTOCOL_FEATURES, if received (the crate keeps its own copy for
+    /// its checks; a successor's copy is restored from this).
+    acked_protocol: Option<u64>,
 }
 
 /// VHOST_F_LOG_ALL: the frontend wants dirty pages logged (vhost-user
@@ -112,6 +123,10 @@ impl Connection {
             log: None,
             faults: FaultOwner::new(),
             closing: None,
+            region_files: Vec::new(),
+            inflight_file: None,
+            log_file: None,
+            acked_protocol: None,
         }
     }
 
@@ -312,6 +327,8 @@ impl Connection {
         // A reset device starts over with a fresh region (QEMU frees its copy).
         self.inflight = None;
         self.log = None;
+        self.inflight_file = None;
+        self.log_file = None;
     }
 }
 
@@ -504,9 +521,10 @@ impl VhostUserBackendReqHandlerMut for Connection {
             | VhostUserProtocolFeatures::LOG_SHMFD)
     }
 
-    fn set_protocol_features(&mut self, _features: u64) -> VhostResult<()> {
+    fn set_protocol_features(&mut self, features: u64) -> VhostResult<()> {
         // The crate keeps the acked set (it decides on REPLY_ACK itself);
-        // nothing here depends on it.
+        // only an upgrade's handover needs it here.
+        self.acked_protocol = Some(features);
         Ok(())
     }
 

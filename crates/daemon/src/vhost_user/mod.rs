@@ -1,7 +1,8 @@
 //! The vhost-user transport: one [`Connection`] per frontend connection,
 //! implementing the backend side of the vhost-user protocol on top of the
-//! `vhost` crate's message parser, and [`serve_frontend`], the message loop
-//! of one connection.
+//! `vhost` crate's message parser, and [`Session`], the message loop of one
+//! connection (new, or resumed from what a predecessor handed over during an
+//! upgrade: [`handover`]).
 //!
 //! The connection owns the control-plane state of every vring (size,
 //! addresses, base, kick/call fds) until the ring is started; then the ring's
@@ -21,14 +22,15 @@
 //! [`Command::Detach`]: crate::iothread::Command::Detach
 
 mod connection;
+pub mod handover;
 pub mod memory;
 mod session;
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 pub use connection::Connection;
-pub(crate) use session::wait_readable;
-pub use session::{serve_frontend, SessionEnd};
+pub(crate) use session::wait_frontend;
+pub use session::{Session, SessionEnd, Successor};
 
 use crate::fault::MemorySealing;
 use crate::iothread::{BlockDevice, IoThreadHandle};

@@ -8,12 +8,13 @@ use std::fs::File;
 
 use log::{debug, info, warn};
 use vhost::vhost_user::message::VhostUserInflight;
-use vhost::vhost_user::Result as VhostResult;
+use vhost::vhost_user::{Error as VhostError, Result as VhostResult};
 use virtio_queue::{Queue, QueueT};
 
 use super::{invalid, Connection};
 use crate::inflight::{InflightLayout, InflightRegion};
 use crate::iothread::InflightTracking;
+use crate::vhost_user::handover::InflightState;
 use crate::vhost_user::memory::seal_against_shrinking;
 
 impl Connection {
@@ -40,6 +41,15 @@ impl Connection {
             layout.queue_size()
         );
         self.inflight = Some(region);
+        self.inflight_file = Some((
+            InflightState {
+                mmap_size: layout.mmap_size(),
+                mmap_offset: 0,
+                num_queues: layout.num_queues(),
+                queue_size: layout.queue_size(),
+            },
+            file.try_clone().map_err(VhostError::ReqHandlerError)?,
+        ));
         let reply = VhostUserInflight::new(
             layout.mmap_size(),
             0,
@@ -77,7 +87,20 @@ impl Connection {
             invalid(&e.to_string())
         })?;
         self.register_inflight(&region)?;
+        info!(
+            "{}: inflight region handed back by the frontend ({} queues of {})",
+            self.export.device.name, inflight.num_queues, inflight.queue_size
+        );
         self.inflight = Some(region);
+        self.inflight_file = Some((
+            InflightState {
+                mmap_size: inflight.mmap_size,
+                mmap_offset: inflight.mmap_offset,
+                num_queues: inflight.num_queues,
+                queue_size: inflight.queue_size,
+            },
+            file,
+        ));
         Ok(())
     }
 

@@ -18,6 +18,7 @@ use vm_memory::{
 use super::{invalid, Connection, MAX_MEM_SLOTS};
 use crate::fault::{self, MappingKind};
 use crate::iothread::GuestMem;
+use crate::vhost_user::handover::RegionState;
 use crate::vhost_user::memory::{
     check_disjoint, check_region, vmm_va_to_gpa, AddrMapping, RegionError,
 };
@@ -35,6 +36,7 @@ impl Connection {
             return Err(invalid("one fd per memory region"));
         }
         let mappings = self.check_regions(ctx, &files, Vec::new())?;
+        let kept = keep_files(ctx, &files)?;
         let mut regions = Vec::new();
         for (region, file) in ctx.iter().zip(files) {
             let r = GuestRegionMmap::new(
@@ -55,6 +57,7 @@ impl Connection {
         }
         self.publish_memory(mem);
         self.mappings = mappings;
+        self.region_files = kept;
         Ok(())
     }
 
@@ -76,6 +79,7 @@ impl Connection {
             std::slice::from_ref(&fd),
             self.mappings.clone(),
         )?;
+        let kept = keep_files(std::slice::from_ref(region), std::slice::from_ref(&fd))?;
         let r = Arc::new(
             GuestRegionMmap::new(
                 region.mmap_region(fd)?,
@@ -91,6 +95,7 @@ impl Connection {
         self.register_region(&mut mem, start)?;
         self.publish_memory(mem);
         self.mappings = mappings;
+        self.region_files.extend(kept);
         Ok(())
     }
 
@@ -107,6 +112,8 @@ impl Connection {
         self.publish_memory(mem);
         self.mappings
             .retain(|m| m.gpa_base != region.guest_phys_addr);
+        self.region_files
+            .retain(|(r, _)| r.guest_phys_addr != region.guest_phys_addr);
         Ok(())
     }
 
@@ -166,4 +173,25 @@ impl Connection {
         // requests keep the old one alive through their own Arc.
         self.mem.lock().unwrap().replace(mem);
     }
+}
+
+/// Each region's description with a copy of its fd, kept for an upgrade's
+/// handover (the mapping does not keep the file).
+fn keep_files(
+    regions: &[VhostUserMemoryRegion],
+    files: &[File],
+) -> VhostResult<Vec<(RegionState, File)>> {
+    regions
+        .iter()
+        .zip(files)
+        .map(|(r, f)| {
+            let state = RegionState {
+                guest_phys_addr: r.guest_phys_addr,
+                memory_size: r.memory_size,
+                user_addr: r.user_addr,
+                mmap_offset: r.mmap_offset,
+            };
+            Ok((state, f.try_clone().map_err(VhostError::ReqHandlerError)?))
+        })
+        .collect()
 }

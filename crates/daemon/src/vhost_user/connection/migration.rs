@@ -15,6 +15,7 @@ use vm_memory::{GuestAddressSpace, GuestMemoryBackend};
 use super::{invalid, Connection, DRAIN_TIMEOUT, LOG_ALL};
 use crate::dirty_log::DirtyLog;
 use crate::iothread::{Command, QueueLog};
+use crate::vhost_user::handover::LogState;
 use crate::vhost_user::memory::seal_against_shrinking;
 
 impl Connection {
@@ -45,6 +46,11 @@ impl Connection {
         // A new log (QEMU resizes it when memory changes) replaces the old one
         // on every running ring; the old mapping goes with its last holder.
         self.log = Some(Arc::new(mapped));
+        let state = LogState {
+            mmap_size: log.mmap_size,
+            mmap_offset: log.mmap_offset,
+        };
+        self.log_file = Some((state, file));
         self.push_log();
         Ok(())
     }
