@@ -535,6 +535,36 @@ fn required_sealing_refuses_unsealable_memory() {
     rig.check(f, "unsealable memory under memory-sealing = required");
 }
 
+/// The policy covers the inflight region too: SET_INFLIGHT_FD with a copy
+/// of the region in a memfd that cannot be sealed is refused under
+/// `required`, and the frontend disconnected.
+#[test]
+fn required_sealing_refuses_an_unsealable_inflight_region() {
+    let mut rig = Rig::with_keys(
+        "sealing-required-inflight",
+        "memory-sealing = \"required\"\n",
+    );
+    let mut f = Frontend::connect(&rig.sock_a);
+    f.negotiate_with(PF_INFLIGHT_SHMFD);
+    let (desc, _ours) = f.get_inflight_fd(1, QSIZE).expect("GET_INFLIGHT_FD");
+    let copy = GuestMemory::with_flags(desc.mmap_size, 0);
+    let reply = f.set_inflight_fd(&desc, &copy.file);
+    assert!(
+        reply.refused(),
+        "unsealable inflight region accepted: {reply:?}"
+    );
+    assert!(closed_by_daemon(&mut f), "the frontend stayed connected");
+    assert!(
+        rig.wait_log("the inflight region cannot be sealed against shrinking"),
+        "no reason in the log:\n{}",
+        rig.log()
+    );
+    rig.check(
+        f,
+        "unsealable inflight region under memory-sealing = required",
+    );
+}
+
 #[test]
 fn bad_vring_num_leaves_the_ring_unstartable() {
     let mut rig = Rig::new("vring-num");
