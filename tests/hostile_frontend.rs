@@ -34,10 +34,15 @@ struct Rig {
 
 impl Rig {
     fn new(name: &str) -> Rig {
+        Rig::with_keys(name, "")
+    }
+
+    /// A rig whose configuration starts with the top-level `keys`.
+    fn with_keys(name: &str, keys: &str) -> Rig {
         let dir = common::scratch(&format!("hostile-{name}"));
         let (sock_a, sock_b) = (dir.join("a.sock"), dir.join("b.sock"));
         let cfg = dir.join("serve.toml");
-        let mut text = String::from("[iothreads]\ncount = 1\npoll = \"off\"\n");
+        let mut text = format!("{keys}[iothreads]\ncount = 1\npoll = \"off\"\n");
         for (n, s) in [("a", &sock_a), ("b", &sock_b)] {
             text += &format!(
                 "[[export]]\nname = \"{n}\"\nimage = \"{}\"\ncreate = \"16M\"\nsocket = \"{}\"\n",
@@ -95,6 +100,18 @@ impl Rig {
         fresh.check_io(64, seed, &format!("{case}: fresh connection on a"));
         drop(fresh);
         self.alive(case);
+    }
+
+    /// Waits (bounded) until the daemon's log holds `needle`.
+    fn wait_log(&self, needle: &str) -> bool {
+        let t = Instant::now();
+        while t.elapsed() < TIMEOUT {
+            if self.log().contains(needle) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
     }
 
     fn alive(&mut self, case: &str) {
@@ -399,6 +416,153 @@ fn memfd_truncated_after_mapping_cannot_fault_the_daemon() {
     assert!(r.is_err(), "the frontend could shrink mapped guest memory");
     f.check_io(32, 13, "after the truncation attempt");
     rig.check(f, "memfd truncated after mapping");
+}
+
+/// A connection on `a` whose guest memory is a memfd created without
+/// `MFD_ALLOW_SEALING`: the daemon cannot seal it against shrinking.
+fn unsealable_owner(rig: &Rig) -> Frontend {
+    let mut f = Frontend::connect(&rig.sock_a);
+    f.mem = GuestMemory::with_flags(MEM_SIZE, 0);
+    f.negotiate();
+    f
+}
+
+/// Whether the daemon closed `f`'s connection within [`TIMEOUT`] (end of
+/// stream, nothing sent before it).
+fn closed_by_daemon(f: &mut Frontend) -> bool {
+    use std::io::Read;
+    let mut b = [0u8; 1];
+    matches!(f.sock.read(&mut b), Ok(0))
+}
+
+/// The frontend truncates unsealable guest memory after SET_MEM_TABLE and
+/// kicks a request whose header lies in the part that is gone: the IOThread
+/// faults (SIGBUS) parsing it. The fault handler replaces the mapping, the
+/// daemon logs the fault and closes that connection only; the other export
+/// and a new connection on the same one serve I/O. Without the handler the
+/// daemon dies here (and every export with it).
+#[test]
+fn unsealable_memory_truncated_after_mapping_ends_only_its_connection() {
+    let mut rig = Rig::new("unsealable");
+    let mut f = unsealable_owner(&rig);
+    assert!(f.set_mem_table(&[f.whole_region()]).ok(), "SET_MEM_TABLE");
+    assert!(f.setup_ring(0).ok(), "ring setup");
+    f.check_io(32, 17, "before the truncation");
+    // Rings, header and status (below DATA) stay; the rest of the file goes.
+    f.mem
+        .file
+        .set_len(DATA)
+        .expect("an unsealable memfd can shrink");
+    let gone = DATA + 0x4000;
+    f.set_desc(0, gone, 16, DESC_NEXT, 1);
+    f.set_desc(1, STATUS, 1, DESC_WRITE, 0);
+    f.push(0);
+    assert!(
+        closed_by_daemon(&mut f),
+        "the connection stayed open; log:\n{}",
+        rig.log()
+    );
+    rig.alive("unsealable memory truncated");
+    assert!(
+        rig.wait_log("closing the connection: memory fault: SIGBUS"),
+        "no fault in the log:\n{}",
+        rig.log()
+    );
+    rig.check(f, "unsealable memory truncated");
+}
+
+/// A write whose data lies in truncated unsealable memory, misaligned for
+/// O_DIRECT so that the daemon copies it into a bounce buffer itself: the
+/// copy faults, the handler gives it zeros, and the request must fail rather
+/// than write those zeros over the sector as if the guest had sent them.
+#[test]
+fn a_write_from_truncated_memory_does_not_reach_the_disk() {
+    let mut rig = Rig::new("unsealable-write");
+    let mut f = unsealable_owner(&rig);
+    assert!(f.set_mem_table(&[f.whole_region()]).ok(), "SET_MEM_TABLE");
+    assert!(f.setup_ring(0).ok(), "ring setup");
+    let (sector, seed) = (40, 29);
+    f.check_io(sector, seed, "the sector before the attack");
+    f.mem
+        .file
+        .set_len(DATA)
+        .expect("an unsealable memfd can shrink");
+    f.prepare_request(T_OUT, sector);
+    f.set_desc(0, HDR, 16, DESC_NEXT, 1);
+    f.set_desc(1, DATA + 0x4001, 4096, DESC_NEXT, 2);
+    f.set_desc(2, STATUS, 1, DESC_WRITE, 0);
+    f.push(0);
+    assert!(
+        closed_by_daemon(&mut f),
+        "the connection stayed open; log:\n{}",
+        rig.log()
+    );
+    assert!(
+        rig.wait_log("closing the connection: memory fault: SIGBUS"),
+        "no fault in the log:\n{}",
+        rig.log()
+    );
+    drop(f);
+    rig.alive("write from truncated memory");
+    let mut fresh = Frontend::ready(&rig.sock_a);
+    assert_eq!(fresh.request(T_IN, sector, 4096), Some(S_OK), "read back");
+    let before: Vec<u8> = (0..4096u32)
+        .map(|i| (i as u8).wrapping_mul(seed) ^ seed)
+        .collect();
+    assert!(
+        fresh.mem.read(DATA, 4096) == before,
+        "the sector changed: the zeros of the replaced memory were written"
+    );
+    rig.check(fresh, "write from truncated memory");
+}
+
+/// Under `memory-sealing = "required"` unsealable guest memory is refused
+/// (a failing ack), the frontend is disconnected and the log says why;
+/// sealable memory is still served.
+#[test]
+fn required_sealing_refuses_unsealable_memory() {
+    let mut rig = Rig::with_keys("sealing-required", "memory-sealing = \"required\"\n");
+    let mut f = unsealable_owner(&rig);
+    let reply = f.set_mem_table(&[f.whole_region()]);
+    assert!(reply.refused(), "unsealable memory accepted: {reply:?}");
+    assert!(closed_by_daemon(&mut f), "the frontend stayed connected");
+    assert!(
+        rig.wait_log("cannot be sealed against shrinking (memory-sealing = required)"),
+        "no reason in the log:\n{}",
+        rig.log()
+    );
+    // The rig's own frontends share sealable memfds: served as before.
+    rig.check(f, "unsealable memory under memory-sealing = required");
+}
+
+/// The policy covers the inflight region too: SET_INFLIGHT_FD with a copy
+/// of the region in a memfd that cannot be sealed is refused under
+/// `required`, and the frontend disconnected.
+#[test]
+fn required_sealing_refuses_an_unsealable_inflight_region() {
+    let mut rig = Rig::with_keys(
+        "sealing-required-inflight",
+        "memory-sealing = \"required\"\n",
+    );
+    let mut f = Frontend::connect(&rig.sock_a);
+    f.negotiate_with(PF_INFLIGHT_SHMFD);
+    let (desc, _ours) = f.get_inflight_fd(1, QSIZE).expect("GET_INFLIGHT_FD");
+    let copy = GuestMemory::with_flags(desc.mmap_size, 0);
+    let reply = f.set_inflight_fd(&desc, &copy.file);
+    assert!(
+        reply.refused(),
+        "unsealable inflight region accepted: {reply:?}"
+    );
+    assert!(closed_by_daemon(&mut f), "the frontend stayed connected");
+    assert!(
+        rig.wait_log("the inflight region cannot be sealed against shrinking"),
+        "no reason in the log:\n{}",
+        rig.log()
+    );
+    rig.check(
+        f,
+        "unsealable inflight region under memory-sealing = required",
+    );
 }
 
 #[test]

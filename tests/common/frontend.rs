@@ -125,9 +125,14 @@ unsafe impl Send for GuestMemory {}
 impl GuestMemory {
     /// A fresh memfd of `len` bytes (sealable, not sealed).
     pub fn new(len: u64) -> GuestMemory {
+        GuestMemory::with_flags(len, libc::MFD_ALLOW_SEALING)
+    }
+
+    /// A fresh memfd of `len` bytes created with `flags` (without
+    /// `MFD_ALLOW_SEALING` it can never be sealed).
+    pub fn with_flags(len: u64, flags: libc::c_uint) -> GuestMemory {
         // SAFETY: a NUL-terminated name and valid flags.
-        let fd =
-            unsafe { libc::memfd_create(c"vqblk-test-guest".as_ptr(), libc::MFD_ALLOW_SEALING) };
+        let fd = unsafe { libc::memfd_create(c"vqblk-test-guest".as_ptr(), flags) };
         assert!(fd >= 0, "memfd_create");
         // SAFETY: fd is a fresh descriptor we own.
         let file = unsafe { File::from_raw_fd(fd) };

@@ -129,6 +129,13 @@ pub struct ServeArgs {
     /// overrides `seccomp` of --config.
     #[arg(long, value_enum, value_name = "MODE")]
     pub seccomp: Option<crate::seccomp::SeccompMode>,
+    /// Frontend memory (guest memory, inflight region, dirty log) that cannot
+    /// be sealed against shrinking: required refuses it and disconnects the
+    /// frontend; preferred (the default) accepts it, and a frontend that
+    /// truncates it ends only its own connection (docs/security.md).
+    /// Overrides `memory-sealing` of --config.
+    #[arg(long, value_enum, value_name = "POLICY")]
+    pub memory_sealing: Option<crate::fault::MemorySealing>,
     /// Listen for JSON-RPC control requests (`vqblk ctl`, `vqblk top`) on this
     /// unix socket (mode 0600). Overrides `[control] socket` of --config.
     #[arg(long, value_name = "PATH")]
@@ -252,6 +259,9 @@ impl ServeArgs {
     fn apply_process_flags(&self, cfg: &mut ServeConfig) {
         if let Some(m) = self.seccomp {
             cfg.seccomp = m;
+        }
+        if let Some(p) = self.memory_sealing {
+            cfg.memory_sealing = p;
         }
         if let Some(b) = &self.bounce_buffer_max {
             cfg.iothreads.bounce_buffer_max = Some(b.clone());

@@ -215,6 +215,11 @@ pub struct ServeConfig {
     /// seccomp filters per thread kind (`seccomp = "on" | "log" | "off"`; default on).
     #[serde(default)]
     pub seccomp: crate::seccomp::SeccompMode,
+    /// Frontend memory that cannot be sealed against shrinking
+    /// (`memory-sealing = "required" | "preferred"`; default preferred,
+    /// docs/security.md).
+    #[serde(default)]
+    pub memory_sealing: crate::fault::MemorySealing,
     /// The JSON-RPC control socket (`[control]`; none unless configured).
     #[serde(default)]
     pub control: Option<ControlConfig>,
@@ -676,6 +681,20 @@ queues = 2
         assert_eq!(plans[1].size, Some(1 << 30));
         assert_eq!(plans[1].socket_mode, 0o600);
         assert_eq!(plans[1].map.to_string(), "0:0;1:1");
+    }
+
+    /// `memory-sealing` is a top-level key, next to `seccomp`; preferred
+    /// unless it says otherwise, and a value outside the two is refused.
+    #[test]
+    fn memory_sealing_key() {
+        use crate::fault::MemorySealing;
+        let c = |head: &str| ServeConfig::from_toml(&format!("{head}\n{SAMPLE}"));
+        assert_eq!(c("").unwrap().memory_sealing, MemorySealing::Preferred);
+        let required = c("memory-sealing = \"required\"").unwrap();
+        assert_eq!(required.memory_sealing, MemorySealing::Required);
+        let preferred = c("memory-sealing = \"preferred\"").unwrap();
+        assert_eq!(preferred.memory_sealing, MemorySealing::Preferred);
+        assert!(c("memory-sealing = \"always\"").is_err());
     }
 
     /// `shutdown-timeout` is a top-level key (before any table); 0 is named.

@@ -21,6 +21,7 @@ use crate::block::{BlockError, Disk, FileEngine};
 use crate::config::{
     parse_cpuset, BackendKind, CacheMode, ConfigError, ExportConfig, ExportPlan, ServeConfig,
 };
+use crate::fault::MemorySealing;
 use crate::iothread::{BlockDevice, Command, IoThreadHandle, IoThreadSetup};
 use crate::mapping::VirtqueueMap;
 use crate::poll::{PollMode, PollParams};
@@ -83,6 +84,10 @@ pub enum DaemonError {
     /// seccomp filters were asked for and cannot be installed here.
     #[error("{0} (run with --seccomp off to serve without filters)")]
     Seccomp(#[from] crate::seccomp::SeccompError),
+    /// The SIGBUS/SIGSEGV handler for faults in frontend memory could not be
+    /// installed.
+    #[error("cannot install the memory fault handler: {0}")]
+    FaultHandler(#[source] io::Error),
 }
 
 /// A running export, as the daemon keeps it.
@@ -181,6 +186,7 @@ pub(crate) struct DaemonState {
     /// Taken after `exports` when both are.
     pub(crate) groups: Mutex<Vec<LiveGroup>>,
     seccomp: SeccompMode,
+    memory_sealing: MemorySealing,
     /// Index of the next export (never reused: it keys queues in the IOThreads).
     next_index: AtomicUsize,
     /// The share allocator's thread (reservations and weights) and its board.
@@ -314,6 +320,7 @@ impl DaemonState {
             map: plan.map.clone().into(),
             max_queue_size: queue_size,
             iothreads: self.iothreads.clone(),
+            memory_sealing: self.memory_sealing,
         });
         let sock_err = |message: String| DaemonError::Socket {
             export: plan.name.clone(),
@@ -467,6 +474,9 @@ impl Daemon {
         let plans = config.validate()?;
         let seccomp = config.seccomp;
         crate::seccomp::probe(seccomp)?;
+        // Before any thread that touches frontend memory starts (and
+        // installs a filter, which allows sigaction for SIGBUS/SIGSEGV only).
+        crate::fault::install().map_err(DaemonError::FaultHandler)?;
         let bounce_max = config.iothreads.bounce_buffer_max()?;
         // Open every disk before starting anything, so a bad export fails fast.
         let disks = plans.iter().map(open_disk).collect::<Result<Vec<_>, _>>()?;
@@ -508,6 +518,7 @@ impl Daemon {
             exports: Mutex::new(Vec::new()),
             groups: Mutex::new(groups),
             seccomp,
+            memory_sealing: config.memory_sealing,
             next_index: AtomicUsize::new(plans.len()),
             shares: shares::Shares::default(),
             me: Mutex::new(me.clone()),

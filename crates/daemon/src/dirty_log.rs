@@ -18,10 +18,13 @@
 
 use std::fs::File;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::Arc;
 
 use log::error;
 use vm_memory::mmap::MmapRegion;
 use vm_memory::FileOffset;
+
+use crate::fault::{self, FaultOwner, MappingKind, Registration, RegistryFull};
 
 /// Bytes of guest memory one bit of the log stands for (vhost-user spec:
 /// `VHOST_LOG_PAGE`).
@@ -120,6 +123,9 @@ pub fn check(
 /// A mapped dirty log. Shared (`Arc`) by the connection and the IOThreads
 /// serving the export; unmapped when the last holder drops it.
 pub struct DirtyLog {
+    /// The mapping's entry in the fault handler's registry: declared before
+    /// `map`, so it is removed before the mapping goes (`crate::fault`).
+    fault: Option<Registration>,
     map: MmapRegion<()>,
     /// Pages the log covers (8 per byte).
     pages: u64,
@@ -162,6 +168,7 @@ impl DirtyLog {
 
     fn over(map: MmapRegion<()>) -> DirtyLog {
         DirtyLog {
+            fault: None,
             pages: (map.size() as u64).saturating_mul(8),
             map,
             told_beyond: AtomicBool::new(false),
@@ -172,6 +179,20 @@ impl DirtyLog {
     #[cfg(test)]
     pub(crate) fn anonymous(bytes: usize) -> DirtyLog {
         DirtyLog::over(MmapRegion::new(bytes).unwrap())
+    }
+
+    /// Enters the mapping in the fault handler's registry for `owner`: a
+    /// frontend that shrinks the log's file under it breaks its own
+    /// connection instead of the process (`crate::fault`).
+    pub fn register_faults(&mut self, owner: &Arc<FaultOwner>) -> Result<(), RegistryFull> {
+        let r = fault::register(
+            self.map.as_ptr(),
+            self.map.size(),
+            MappingKind::DirtyLog,
+            owner,
+        )?;
+        self.fault = Some(r);
+        Ok(())
     }
 
     /// Pages the log covers.

@@ -27,6 +27,7 @@ pub mod control;
 pub mod daemon;
 pub mod dirty_log;
 pub mod fastpath;
+pub(crate) mod fault;
 pub mod inflight;
 pub mod iothread;
 pub(crate) mod logging;

@@ -12,7 +12,10 @@
 //! | [`ThreadKind::Metrics`] | `vqblk-metrics` and the HTTP server's threads it starts | accept and answer TCP connections on the listening socket it was given, start threads |
 //!
 //! The common set is what any Rust thread needs to run and log: memory management,
-//! futexes, signals' own bookkeeping, clocks, `write` to stderr, `close`, exit. Apart
+//! futexes, signals' own bookkeeping, clocks, `write` to stderr, `close`, exit; it
+//! includes what the fault handler of `crate::fault` does (`mmap`, `write` to an
+//! eventfd, `rt_sigreturn`, `sigaltstack`), and `rt_sigaction` for SIGBUS and SIGSEGV
+//! only (a fault outside frontend memory restores their default action). Apart
 //! from the control socket's thread (which adds exports at an operator's request),
 //! nothing opens a path or creates a socket once a filter is on, and no thread
 //! executes a program or changes credentials. The lists come from tracing the test suite (`strace -f -ff`, per
@@ -352,6 +355,20 @@ fn program(kind: ThreadKind, mismatch: SeccompAction) -> Result<BpfProgram, Secc
     if !ioctls.is_empty() {
         rules.insert(libc::SYS_ioctl, second_arg_in(&ioctls)?);
     }
+    // sigaction for SIGBUS and SIGSEGV only, in every kind: a fault outside
+    // frontend memory restores their default action before it ends the
+    // process (`crate::fault`, and Rust's stack-overflow handler it defers
+    // to); without this the restore itself would be the forbidden call and
+    // the fault would be reported as a seccomp violation.
+    let fault_signals = [libc::SIGBUS as u64, libc::SIGSEGV as u64]
+        .iter()
+        .map(|&sig| {
+            SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, sig)
+                .and_then(|c| SeccompRule::new(vec![c]))
+                .map_err(backend(kind))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    rules.insert(libc::SYS_rt_sigaction, fault_signals);
     // fcntl, where a kind has no use for it, only as F_GETFD: Rust's std asks
     // it of every fd an `OwnedFd` closes in debug builds (a double-close
     // check), and an IOThread closes a detached queue's kick and call fds. It
@@ -385,7 +402,14 @@ fn backend(kind: ThreadKind) -> impl Fn(seccompiler::BackendError) -> SeccompErr
 }
 
 /// Installs the filter of `kind` on the calling thread (and the threads it starts later).
+///
+/// Every daemon thread that may touch frontend memory calls this at setup,
+/// whatever the mode, so it is also where such a thread gets its alternate
+/// signal stack for the fault handler ([`crate::fault::ensure_alt_stack`]).
 pub fn apply(kind: ThreadKind, mode: SeccompMode) -> Result<(), SeccompError> {
+    if let Err(e) = crate::fault::ensure_alt_stack() {
+        log::warn!("no alternate signal stack for a {kind:?} thread: {e}");
+    }
     let mismatch = match mode {
         SeccompMode::Off => return Ok(()),
         SeccompMode::Log => SeccompAction::Log,
@@ -867,6 +891,52 @@ mod tests {
         });
         assert_eq!(fionread, 0);
         assert_eq!(tcgets, (-1, Some(libc::EPERM)));
+    }
+
+    /// What the memory fault handler does is allowed in every kind, and
+    /// sigaction only for SIGBUS and SIGSEGV (`crate::fault`).
+    #[test]
+    fn every_kind_allows_what_the_fault_handler_does() {
+        for kind in [
+            ThreadKind::Control,
+            ThreadKind::Rpc,
+            ThreadKind::IoThread,
+            ThreadKind::Worker,
+            ThreadKind::Metrics,
+        ] {
+            let a = allowed(kind);
+            for nr in [
+                libc::SYS_mmap,
+                libc::SYS_write,
+                libc::SYS_rt_sigreturn,
+                libc::SYS_sigaltstack,
+                libc::SYS_tgkill,
+            ] {
+                assert!(a.contains(&nr), "{kind:?} refuses {nr}");
+            }
+            let query = |sig| {
+                // SAFETY: sigaction with a null new action only reads the
+                // current one into `old`.
+                let r = unsafe {
+                    let mut old: libc::sigaction = std::mem::zeroed();
+                    libc::sigaction(sig, std::ptr::null(), &mut old)
+                };
+                (r, std::io::Error::last_os_error().raw_os_error())
+            };
+            let (bus, segv, usr2) = under_filter(kind, move || {
+                (
+                    query(libc::SIGBUS),
+                    query(libc::SIGSEGV),
+                    query(libc::SIGUSR2),
+                )
+            });
+            assert_eq!((bus.0, segv.0), (0, 0), "{kind:?}");
+            assert_eq!(
+                usr2,
+                (-1, Some(libc::EPERM)),
+                "{kind:?}: sigaction(SIGUSR2)"
+            );
+        }
     }
 
     #[test]

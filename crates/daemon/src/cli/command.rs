@@ -77,6 +77,9 @@ pub struct ServeCommand {
     pub stats_file: Option<PathBuf>,
     /// `--seccomp MODE`: seccomp filters on, log or off.
     pub seccomp: Option<crate::seccomp::SeccompMode>,
+    /// `--memory-sealing POLICY`: refuse (required) or accept (preferred)
+    /// frontend memory that cannot be sealed against shrinking.
+    pub memory_sealing: Option<crate::fault::MemorySealing>,
     /// `--bounce-buffer-max BYTES`: bounce-buffer memory per IOThread.
     pub bounce_buffer_max: Option<u64>,
     /// `--takeover`: wait for a running daemon to release the sockets.
@@ -197,6 +200,9 @@ impl ServeCommand {
         }
         if let Some(m) = &self.seccomp {
             flag("--seccomp", value_name(m));
+        }
+        if let Some(p) = &self.memory_sealing {
+            flag("--memory-sealing", value_name(p));
         }
         if let Some(b) = self.bounce_buffer_max {
             flag("--bounce-buffer-max", b.to_string().into());

@@ -18,7 +18,7 @@
 //! the same either way.
 
 use std::mem::size_of;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use vm_memory::volatile_memory::VolatileSlice;
@@ -119,13 +119,26 @@ pub type Region = GuestRegionMmap<()>;
 /// vm-memory's error for a memory map it refuses.
 pub type MapError = vm_memory::GuestRegionCollectionError;
 
+/// Something that must live exactly as long as a region of a map and be
+/// gone before the region is unmapped (the fault handler's registration of
+/// the region's mapping).
+pub type RegionCompanion = Arc<dyn std::any::Any + Send + Sync>;
+
 /// Guest memory as mapped by the daemon: vm-memory's regions, a lookup
 /// table of their bounds (see the module's documentation).
 #[derive(Debug, Default, Clone)]
 pub struct GuestMem {
+    /// (region start, companion) of regions that have one. Declared before
+    /// `regions`: fields drop in declaration order, so the map that holds a
+    /// region last drops its companion before vm-memory unmaps the region.
+    companions: Vec<(u64, RegionCompanion)>,
     regions: GuestMemoryMmap<()>,
     /// (first address, length) of each region, in `regions`' order.
     bounds: Vec<(u64, u64)>,
+    /// Set when a fault broke the memory of the connection this map belongs
+    /// to (the frontend shrank a file behind it): its requests must fail,
+    /// whatever they read from it now is not the guest's.
+    broken: Option<Arc<AtomicBool>>,
 }
 
 impl GuestMem {
@@ -134,7 +147,46 @@ impl GuestMem {
             .iter()
             .map(|r| (r.start_addr().0, r.len()))
             .collect();
-        GuestMem { regions, bounds }
+        GuestMem {
+            companions: Vec::new(),
+            regions,
+            bounds,
+            broken: None,
+        }
+    }
+
+    /// `regions` with this map's companions (but `except`'s) and broken flag.
+    fn derived(&self, regions: GuestMemoryMmap<()>, except: Option<u64>) -> GuestMem {
+        let mut m = GuestMem::new(regions);
+        m.companions = self
+            .companions
+            .iter()
+            .filter(|(start, _)| Some(*start) != except)
+            .cloned()
+            .collect();
+        m.broken = self.broken.clone();
+        m
+    }
+
+    /// Keeps `companion` with the region starting at `start` in this map and
+    /// every map derived from it that keeps the region.
+    pub fn add_companion(&mut self, start: GuestAddress, companion: RegionCompanion) {
+        self.companions.push((start.0, companion));
+    }
+
+    /// The flag that says this map's memory is broken (see [`GuestMem::broken`]),
+    /// passed on to maps derived from this one.
+    pub fn set_broken_flag(&mut self, flag: Arc<AtomicBool>) {
+        self.broken = Some(flag);
+    }
+
+    /// Whether a fault broke this memory (its mappings now hold zeros, not
+    /// the guest's data): a request that reads or writes it must fail.
+    #[inline]
+    pub fn broken(&self) -> bool {
+        self.broken
+            .as_ref()
+            .is_some_and(|b| b.load(Ordering::Acquire))
     }
 
     /// The regions of a SET_MEM_TABLE (sorted, not overlapping: vm-memory
@@ -145,7 +197,9 @@ impl GuestMem {
 
     /// This map with `region` added (ADD_MEM_REG).
     pub fn insert_region(&self, region: Arc<Region>) -> Result<GuestMem, MapError> {
-        self.regions.insert_region(region).map(GuestMem::new)
+        self.regions
+            .insert_region(region)
+            .map(|m| self.derived(m, None))
     }
 
     /// This map without the region at `base` of `size` bytes (REM_MEM_REG).
@@ -156,7 +210,7 @@ impl GuestMem {
     ) -> Result<(GuestMem, Arc<Region>), MapError> {
         self.regions
             .remove_region(base, size)
-            .map(|(m, r)| (GuestMem::new(m), r))
+            .map(|(m, r)| (self.derived(m, Some(base.0)), r))
     }
 }
 
@@ -346,6 +400,30 @@ mod tests {
                 assert_eq!(rx.unwrap(), 0x1122_3344_5566_7788, "write at {a:#x}");
             }
         }
+    }
+
+    /// A companion lives as long as some map holds its region, and goes
+    /// with a removed region once no map holds it; the broken flag is
+    /// passed on to derived maps.
+    #[test]
+    fn companions_and_the_broken_flag_follow_their_regions() {
+        let mut m = mem();
+        let flag = Arc::new(AtomicBool::new(false));
+        m.set_broken_flag(flag.clone());
+        let c: RegionCompanion = Arc::new(0x4000u64);
+        let weak = Arc::downgrade(&c);
+        m.add_companion(GuestAddress(0x4000), c);
+        let r = Arc::new(GuestRegionMmap::from_range(GuestAddress(0x8000), 0x1000, None).unwrap());
+        let added = m.insert_region(r).unwrap();
+        let (removed, _) = added.remove_region(GuestAddress(0x4000), 0x2000).unwrap();
+        assert_eq!(added.companions.len(), 1);
+        assert!(removed.companions.is_empty());
+        assert!(!removed.broken());
+        flag.store(true, Ordering::Release);
+        assert!(removed.broken() && added.broken() && m.broken());
+        drop((m, added));
+        assert!(weak.upgrade().is_none(), "no map holds the region any more");
+        assert!(!GuestMem::default().broken());
     }
 
     #[test]

@@ -109,11 +109,13 @@ pub use queue::InflightQueue;
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 #[cfg(test)]
 use vm_memory::VolatileMemory;
 use vm_memory::{FileOffset, MmapRegion};
+
+use crate::fault::{self, FaultOwner, MappingKind, Registration, RegistryFull};
 
 /// Region format version written in each queue header (the specification's 1).
 pub const REGION_VERSION: u16 = 1;
@@ -364,6 +366,9 @@ pub struct InflightRegion {
 }
 
 struct RegionInner {
+    /// The mapping's entry in the fault handler's registry: declared before
+    /// `map`, so it is removed before the mapping goes (`crate::fault`).
+    fault: OnceLock<Registration>,
     map: MmapRegion<()>,
     layout: InflightLayout,
     /// One flag per queue: set while an [`InflightQueue`] writes that block, so two
@@ -471,11 +476,25 @@ impl InflightRegion {
             .collect();
         Ok(Self {
             inner: Arc::new(RegionInner {
+                fault: OnceLock::new(),
                 map,
                 layout,
                 attached,
             }),
         })
+    }
+
+    /// Enters the mapping in the fault handler's registry for `owner` (once;
+    /// later calls do nothing): a frontend that shrinks the region's file
+    /// under it breaks its own connection instead of the process
+    /// (`crate::fault`).
+    pub fn register_faults(&self, owner: &Arc<FaultOwner>) -> Result<(), RegistryFull> {
+        if self.inner.fault.get().is_none() {
+            let map = &self.inner.map;
+            let r = fault::register(map.as_ptr(), map.size(), MappingKind::Inflight, owner)?;
+            let _ = self.inner.fault.set(r);
+        }
+        Ok(())
     }
 
     /// The region's layout.

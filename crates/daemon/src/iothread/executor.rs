@@ -315,6 +315,13 @@ impl Executor {
                 bounce = Some(b);
             }
         }
+        // A fault replaced this memory with zeros (the frontend shrank a file
+        // behind it, crate::fault): what the request would write is not the
+        // guest's data, and its connection is closing. Checked after the
+        // bounce copy, which is where such a fault shows.
+        if mem.broken() {
+            return Err(ExecuteError::GuestMemory);
+        }
         let transfer = Transfer::new(io.kind, io.offset, io.len, iov)
             .dsync(io.kind == IoKind::Write && device.writethrough())
             .punch(io.punch);
@@ -450,6 +457,11 @@ impl Executor {
             if let Err(e) = copy_to_guest(&inf.mem, &inf.data, b.slice()) {
                 result = Err(ExecuteError::BounceCopy(e));
             }
+        }
+        // The memory broke while the request was in flight: a write may have
+        // carried the zeros that replaced it, a read's data went to them.
+        if result.is_ok() && inf.mem.broken() {
+            result = Err(ExecuteError::GuestMemory);
         }
         if self.iov_pool.len() < IOV_POOL_MAX {
             // Completed: nothing reads these iovecs any more.

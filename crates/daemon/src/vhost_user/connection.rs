@@ -26,9 +26,10 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::{GuestAddress, GuestAddressSpace};
 
 use super::handover::{InflightState, LogState, RegionState};
-use super::memory::AddrMapping;
+use super::memory::{AddrMapping, Sealing};
 use super::ExportShared;
 use crate::dirty_log::DirtyLog;
+use crate::fault::{FaultOwner, MemorySealing};
 use crate::inflight::InflightRegion;
 use crate::iothread::{Command, GuestMem, GuestMemHandle, QueueAttach, QueueKey};
 use crate::virtio::{features, CONFIG_WRITEBACK_OFFSET};
@@ -79,6 +80,12 @@ pub struct Connection {
     /// The migration dirty log of the last SET_LOG_BASE; the IOThreads
     /// mark it while VHOST_F_LOG_ALL is acked.
     log: Option<Arc<DirtyLog>>,
+    /// This connection's side of the fault handler: every mapping the
+    /// frontend handed over is registered for it (`crate::fault`).
+    faults: Arc<FaultOwner>,
+    /// Why the connection must be closed after the current message (memory
+    /// refused under `memory-sealing = required`).
+    closing: Option<String>,
     /// What an upgrade hands to the next process with the mappings above
     /// (`handover`): each memory region's description and file, in table
     /// order; the inflight region's and the dirty log's.
@@ -114,11 +121,57 @@ impl Connection {
             told_unsealed: false,
             inflight: None,
             log: None,
+            faults: FaultOwner::new(),
+            closing: None,
             region_files: Vec::new(),
             inflight_file: None,
             log_file: None,
             acked_protocol: None,
         }
+    }
+
+    /// The eventfd the fault handler writes when it breaks this connection's
+    /// memory: the session waits on it with the socket.
+    pub fn fault_wake_fd(&self) -> Option<i32> {
+        self.faults.wake_fd()
+    }
+
+    /// Why this connection must be closed now, if it must: a fault broke its
+    /// memory, or memory it was handed was refused under
+    /// `memory-sealing = required`.
+    pub fn closing(&self) -> Option<String> {
+        if let Some(f) = self.faults.fault() {
+            return Some(format!("memory fault: {f}"));
+        }
+        self.closing.clone()
+    }
+
+    /// Applies the memory-sealing policy to a file the frontend handed over
+    /// (`what` names it for the log): under `required`, an unsealable file
+    /// is refused and the connection closed after this message; otherwise it
+    /// is said once per connection.
+    fn sealing_policy(&mut self, sealing: Sealing, what: &str) -> VhostResult<()> {
+        if sealing != Sealing::Unsealed {
+            return Ok(());
+        }
+        if self.export.memory_sealing == MemorySealing::Required {
+            let why = format!(
+                "{what} cannot be sealed against shrinking (memory-sealing = required); \
+                 the frontend must share it as a sealable memfd (QEMU: memory-backend-memfd)"
+            );
+            // The session logs the refusal and the disconnection.
+            self.closing = Some(why.clone());
+            return Err(invalid(&why));
+        }
+        if !self.told_unsealed {
+            self.told_unsealed = true;
+            info!(
+                "{}: {what} cannot be sealed against shrinking: a frontend that \
+                 truncates it ends its own connection (memory-sealing = preferred)",
+                self.export.device.name
+            );
+        }
+        Ok(())
     }
 
     /// Device setup (memory, vrings, config writes) needs SET_OWNER first

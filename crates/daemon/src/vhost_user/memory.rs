@@ -14,8 +14,9 @@
 //! it, we add it ourselves, before the size check, so the size we check is
 //! the size that stays. A well-behaved frontend never shrinks guest memory a
 //! backend maps. Files that cannot be sealed (tmpfs or hugetlbfs files opened
-//! by path, disk files) remain a residual risk, documented in
-//! docs/security.md.
+//! by path, disk files) are refused under `--memory-sealing required`;
+//! otherwise a truncation is caught by the fault handler (`crate::fault`) and
+//! ends that frontend's connection (docs/security.md).
 
 use std::fs::File;
 use std::io;
@@ -94,7 +95,8 @@ pub enum Sealing {
     SealedByUs,
     /// The file cannot be sealed (not shmem, or `F_SEAL_SEAL` set without
     /// `F_SEAL_SHRINK`, or the fd is read-only): a truncation by the frontend
-    /// after mapping would fault the daemon (residual risk).
+    /// after mapping faults the daemon's next access, which the fault handler
+    /// turns into the end of that connection (`crate::fault`).
     Unsealed,
 }
 

@@ -32,6 +32,7 @@ pub use connection::Connection;
 pub(crate) use session::wait_frontend;
 pub use session::{Session, SessionEnd, Successor};
 
+use crate::fault::MemorySealing;
 use crate::iothread::{BlockDevice, IoThreadHandle};
 use crate::mapping::VirtqueueMap;
 use crate::virtio::BlkGeometry;
@@ -50,6 +51,8 @@ pub struct ExportShared {
     pub max_queue_size: u16,
     /// The IOThread pool.
     pub iothreads: Arc<Vec<IoThreadHandle>>,
+    /// Whether memory that cannot be sealed against shrinking is refused.
+    pub memory_sealing: MemorySealing,
 }
 
 /// The live queue -> IOThread mapping of one export, and the lock that orders

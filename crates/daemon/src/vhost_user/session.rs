@@ -91,32 +91,6 @@ fn expects_data_reply(code: u32) -> bool {
     DATA_REPLIES.iter().any(|r| *r as u32 == code)
 }
 
-/// Waits until `fd` is readable or the shutdown eventfd fires (true), for at
-/// most `timeout` (None: forever; a timeout returns false).
-pub(crate) fn wait_readable(fd: i32, shutdown: &EventFd, timeout: Option<Duration>) -> bool {
-    let mut fds = [
-        libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        },
-        libc::pollfd {
-            fd: shutdown.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        },
-    ];
-    let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
-    loop {
-        // SAFETY: `fds` is a live array of two pollfd structs.
-        let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
-        if r < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-            continue;
-        }
-        return r < 0 || fds[1].revents != 0;
-    }
-}
-
 /// What [`wait_message`] found on the socket.
 enum Incoming {
     /// A whole message (or end of stream, or an error the crate will report);
@@ -128,6 +102,8 @@ enum Incoming {
     Shutdown,
     /// A successor knocked (between messages).
     Knock,
+    /// The fault handler broke the connection's memory.
+    Fault,
 }
 
 /// Bytes queued on a unix stream socket (all of them, across writes).
@@ -145,35 +121,89 @@ fn queued_bytes(fd: i32) -> usize {
 /// Waits until `fd` (true) or `knock` (false) is readable; None when the
 /// shutdown eventfd fires first.
 pub(crate) fn wait_frontend(fd: i32, knock: Option<RawFd>, shutdown: &EventFd) -> Option<bool> {
-    let Some(knock) = knock else {
-        return (!wait_readable(fd, shutdown, None)).then_some(true);
-    };
-    let mut fds = [fd, knock, shutdown.as_raw_fd()].map(|fd| libc::pollfd {
+    match wait_any(fd, knock, None, shutdown, None) {
+        Wake::Frontend => Some(true),
+        Wake::Knock => Some(false),
+        Wake::Fault | Wake::Shutdown => None,
+    }
+}
+
+/// What ended a [`wait_any`].
+enum Wake {
+    /// The frontend's fd is readable (or the wait timed out).
+    Frontend,
+    /// A successor knocked.
+    Knock,
+    /// The fault handler broke the connection's memory (`crate::fault`).
+    Fault,
+    /// The daemon is shutting down (or poll failed).
+    Shutdown,
+}
+
+/// Waits until `fd`, `knock`, the connection's `fault` eventfd or the
+/// shutdown eventfd is readable, for at most `timeout` (None: forever).
+/// Shutdown first, then a fault, then the frontend: a knock waits for the
+/// message being handled.
+fn wait_any(
+    fd: i32,
+    knock: Option<RawFd>,
+    fault: Option<RawFd>,
+    shutdown: &EventFd,
+    timeout: Option<Duration>,
+) -> Wake {
+    // poll(2) ignores a negative fd: an absent knock or fault fd.
+    let mut fds = [
+        fd,
+        knock.unwrap_or(-1),
+        fault.unwrap_or(-1),
+        shutdown.as_raw_fd(),
+    ]
+    .map(|fd| libc::pollfd {
         fd,
         events: libc::POLLIN,
         revents: 0,
     });
+    let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
     loop {
-        // SAFETY: `fds` is a live array of three pollfd structs.
-        let r = unsafe { libc::poll(fds.as_mut_ptr(), 3, -1) };
+        // SAFETY: `fds` is a live array of four pollfd structs.
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), 4, ms) };
         if r < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
             continue;
         }
-        if r < 0 || fds[2].revents != 0 {
-            return None;
+        return if r < 0 || fds[3].revents != 0 {
+            Wake::Shutdown
+        } else if fds[2].revents != 0 {
+            Wake::Fault
+        } else if fds[0].revents != 0 || fds[1].revents == 0 {
+            Wake::Frontend
+        } else {
+            Wake::Knock
+        };
+    }
+}
+
+impl Wake {
+    /// What a wait for the frontend that did not find it readable means.
+    fn stop(self) -> Option<Incoming> {
+        match self {
+            Wake::Frontend => None,
+            Wake::Knock => Some(Incoming::Knock),
+            Wake::Fault => Some(Incoming::Fault),
+            Wake::Shutdown => Some(Incoming::Shutdown),
         }
-        // The frontend first: a knock waits for the message being handled.
-        return Some(fds[0].revents != 0 || fds[1].revents == 0);
     }
 }
 
 /// Waits for a whole message on `fd` without consuming it, or a successor's
-/// knock on `knock` before the message's first byte.
-fn wait_message(fd: i32, knock: Option<RawFd>, shutdown: &EventFd) -> Incoming {
-    match wait_frontend(fd, knock, shutdown) {
-        None => return Incoming::Shutdown,
-        Some(false) => return Incoming::Knock,
-        Some(true) => {}
+/// knock on `knock` before the message's first byte, or a fault.
+fn wait_message(
+    fd: i32,
+    knock: Option<RawFd>,
+    fault: Option<RawFd>,
+    shutdown: &EventFd,
+) -> Incoming {
+    if let Some(stop) = wait_any(fd, knock, fault, shutdown, None).stop() {
+        return stop;
     }
     let mut deadline = Instant::now() + MESSAGE_TIMEOUT;
     loop {
@@ -195,10 +225,8 @@ fn wait_message(fd: i32, knock: Option<RawFd>, shutdown: &EventFd) -> Incoming {
                 return Incoming::Ready(None);
             }
             // Nothing queued after all: wait for the next message afresh.
-            match wait_frontend(fd, knock, shutdown) {
-                None => return Incoming::Shutdown,
-                Some(false) => return Incoming::Knock,
-                Some(true) => {}
+            if let Some(stop) = wait_any(fd, knock, fault, shutdown, None).stop() {
+                return stop;
             }
             deadline = Instant::now() + MESSAGE_TIMEOUT;
             continue;
@@ -223,12 +251,11 @@ fn wait_message(fd: i32, knock: Option<RawFd>, shutdown: &EventFd) -> Incoming {
         }
         // The socket stays readable while part of a message is queued, so
         // poll would not wait: nap briefly instead (bounded by the deadline).
-        if wait_readable(
-            shutdown.as_raw_fd(),
-            shutdown,
-            Some(Duration::from_millis(1)),
-        ) {
-            return Incoming::Shutdown;
+        let nap = Some(Duration::from_millis(1));
+        match wait_any(shutdown.as_raw_fd(), None, fault, shutdown, nap) {
+            Wake::Fault => return Incoming::Fault,
+            Wake::Frontend | Wake::Knock => {}
+            Wake::Shutdown => return Incoming::Shutdown,
         }
     }
 }
@@ -305,9 +332,22 @@ impl Session {
     ) -> SessionEnd {
         let name = self.name.clone();
         let fd = self.fd;
+        let fault = self.conn.lock().unwrap().fault_wake_fd();
+        // A fault in this connection's memory (crate::fault), or memory
+        // refused under memory-sealing = required, ends the session like a
+        // disconnect.
+        let conn = self.conn.clone();
+        let closing = move || conn.lock().unwrap().closing();
         let end = loop {
             let knock = successor.as_ref().and_then(|s| s.fd());
-            let code = match wait_message(fd, knock, shutdown) {
+            let code = match wait_message(fd, knock, fault, shutdown) {
+                Incoming::Fault => match closing() {
+                    Some(why) => {
+                        warn!("export {name}: closing the connection: {why}");
+                        break SessionEnd::Disconnected;
+                    }
+                    None => continue,
+                },
                 Incoming::Shutdown => {
                     // Before the drain, which may take long: a successor
                     // started meanwhile can then listen at the same name.
@@ -354,6 +394,10 @@ impl Session {
                     warn!("export {name}: closing the connection: {what}: {e}");
                     break SessionEnd::Disconnected;
                 }
+            }
+            if let Some(why) = closing() {
+                warn!("export {name}: closing the connection: {why}");
+                break SessionEnd::Disconnected;
             }
         };
         // Drain: every started ring waits for its in-flight requests.

@@ -52,6 +52,7 @@ fn back(a: ServeArgs) -> ServeCommand {
         log_level,
         stats_file,
         seccomp,
+        memory_sealing,
         bounce_buffer_max,
         takeover,
         control,
@@ -98,6 +99,7 @@ fn back(a: ServeArgs) -> ServeCommand {
         log_level: Some(log_level.parse().unwrap()),
         stats_file,
         seccomp,
+        memory_sealing,
         bounce_buffer_max: bytes(bounce_buffer_max),
         takeover,
         control,
@@ -160,6 +162,7 @@ fn full() -> ServeCommand {
         log_level: Some(log::LevelFilter::Debug),
         stats_file: Some("/tmp/stats.json".into()),
         seccomp: Some(crate::seccomp::SeccompMode::Log),
+        memory_sealing: Some(crate::fault::MemorySealing::Required),
         bounce_buffer_max: Some(16 << 20),
         takeover: true,
         control: Some("/run/vqblk/control.sock".into()),
@@ -208,6 +211,13 @@ fn every_enum_value_round_trips() {
             ..Default::default()
         };
         assert_eq!(parse(&cmd).cache, *cache);
+    }
+    for policy in crate::fault::MemorySealing::value_variants() {
+        let cmd = ServeCommand {
+            memory_sealing: Some(*policy),
+            ..Default::default()
+        };
+        assert_eq!(parse(&cmd).memory_sealing, Some(*policy));
     }
     for level in log::LevelFilter::iter() {
         let cmd = ServeCommand {

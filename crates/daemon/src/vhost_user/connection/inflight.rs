@@ -15,6 +15,7 @@ use super::{invalid, Connection};
 use crate::inflight::{InflightLayout, InflightRegion};
 use crate::iothread::InflightTracking;
 use crate::vhost_user::handover::InflightState;
+use crate::vhost_user::memory::seal_against_shrinking;
 
 impl Connection {
     /// GET_INFLIGHT_FD: a fresh region of the shape the frontend asks for,
@@ -31,6 +32,7 @@ impl Connection {
             warn!("{}: {e}", self.export.device.name);
             invalid(&e.to_string())
         })?;
+        self.register_inflight(&region)?;
         debug!(
             "{}: inflight region of {} bytes for {} queues of {}",
             self.export.device.name,
@@ -68,6 +70,9 @@ impl Connection {
             return Err(invalid("SET_INFLIGHT_FD while rings are running"));
         }
         self.check_inflight_shape(inflight.num_queues, inflight.queue_size)?;
+        // The frontend's own file: sealed against shrinking where it can be,
+        // as guest memory is (a file we created is sealed already).
+        self.sealing_policy(seal_against_shrinking(&file), "the inflight region")?;
         // Validated before mapping: a short or oversized file is refused, never
         // mapped (touching past its end would raise SIGBUS).
         let region = InflightRegion::from_file(
@@ -81,6 +86,7 @@ impl Connection {
             warn!("{}: {e}", self.export.device.name);
             invalid(&e.to_string())
         })?;
+        self.register_inflight(&region)?;
         info!(
             "{}: inflight region handed back by the frontend ({} queues of {})",
             self.export.device.name, inflight.num_queues, inflight.queue_size
@@ -96,6 +102,14 @@ impl Connection {
             file,
         ));
         Ok(())
+    }
+
+    /// Enters the region's mapping in the fault handler's registry.
+    fn register_inflight(&self, region: &InflightRegion) -> VhostResult<()> {
+        region.register_faults(&self.faults).map_err(|e| {
+            warn!("{}: inflight region refused: {e}", self.export.device.name);
+            invalid(&e.to_string())
+        })
     }
 
     /// Attaches a starting ring to the inflight region, if there is one, and

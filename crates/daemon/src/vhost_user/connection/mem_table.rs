@@ -8,16 +8,19 @@ use std::fs::File;
 use std::io;
 use std::sync::Arc;
 
-use log::{info, warn};
+use log::warn;
 use vhost::vhost_user::message::{VhostUserMemoryRegion, VhostUserSingleMemoryRegion};
 use vhost::vhost_user::{Error as VhostError, Result as VhostResult};
-use vm_memory::{GuestAddress, GuestAddressSpace, GuestRegionMmap};
+use vm_memory::{
+    GuestAddress, GuestAddressSpace, GuestMemoryBackend, GuestMemoryRegion, GuestRegionMmap,
+};
 
 use super::{invalid, Connection, MAX_MEM_SLOTS};
+use crate::fault::{self, MappingKind};
 use crate::iothread::GuestMem;
 use crate::vhost_user::handover::RegionState;
 use crate::vhost_user::memory::{
-    check_disjoint, check_region, vmm_va_to_gpa, AddrMapping, RegionError, Sealing,
+    check_disjoint, check_region, vmm_va_to_gpa, AddrMapping, RegionError,
 };
 
 impl Connection {
@@ -43,10 +46,15 @@ impl Connection {
             .ok_or_else(|| invalid("memory region overflows"))?;
             regions.push(r);
         }
-        let mem = GuestMem::from_regions(regions).map_err(|e| {
+        let mut mem = GuestMem::from_regions(regions).map_err(|e| {
             warn!("{}: memory table refused: {e}", self.export.device.name);
             invalid(&e.to_string())
         })?;
+        // Registered before any thread but this one can touch the regions.
+        let all: Vec<_> = mem.iter().map(|r| r.start_addr()).collect();
+        for start in all {
+            self.register_region(&mut mem, start)?;
+        }
         self.publish_memory(mem);
         self.mappings = mappings;
         self.region_files = kept;
@@ -79,10 +87,12 @@ impl Connection {
             )
             .ok_or_else(|| invalid("memory region overflows"))?,
         );
-        let mem = self.mem.memory().insert_region(r).map_err(|e| {
+        let start = r.start_addr();
+        let mut mem = self.mem.memory().insert_region(r).map_err(|e| {
             warn!("{}: memory region refused: {e}", self.export.device.name);
             invalid(&e.to_string())
         })?;
+        self.register_region(&mut mem, start)?;
         self.publish_memory(mem);
         self.mappings = mappings;
         self.region_files.extend(kept);
@@ -127,16 +137,27 @@ impl Connection {
             let m = AddrMapping::of(r);
             check_disjoint(i, &m, &mappings).map_err(refuse)?;
             mappings.push(m);
-            if sealing == Sealing::Unsealed && !self.told_unsealed {
-                self.told_unsealed = true;
-                info!(
-                    "{}: guest memory region {i} cannot be sealed against shrinking \
-                     (file-backed memory): a frontend that truncates it can crash the daemon",
-                    name
-                );
-            }
+            self.sealing_policy(sealing, &format!("guest memory region {i}"))?;
         }
         Ok(mappings)
+    }
+
+    /// Enters the mapping of `mem`'s region at `start` in the fault
+    /// handler's registry, for as long as a map holds the region, and makes
+    /// `mem` carry this connection's broken flag.
+    fn register_region(&self, mem: &mut GuestMem, start: GuestAddress) -> VhostResult<()> {
+        let region = mem
+            .find_region(start)
+            .ok_or_else(|| invalid("memory region vanished"))?;
+        let (host, len) = (region.as_ptr(), region.len() as usize);
+        let reg =
+            fault::register(host, len, MappingKind::GuestMemory, &self.faults).map_err(|e| {
+                warn!("{}: memory region refused: {e}", self.export.device.name);
+                invalid(&e.to_string())
+            })?;
+        mem.add_companion(start, Arc::new(reg));
+        mem.set_broken_flag(self.faults.broken_flag());
+        Ok(())
     }
 
     pub(super) fn vmm_va_to_gpa(&self, va: u64) -> VhostResult<u64> {

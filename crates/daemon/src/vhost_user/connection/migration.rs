@@ -7,7 +7,7 @@ use std::fs::File;
 use std::sync::mpsc::sync_channel;
 use std::sync::Arc;
 
-use log::{debug, info, warn};
+use log::{debug, warn};
 use vhost::vhost_user::message::VhostUserLog;
 use vhost::vhost_user::{Error as VhostError, Result as VhostResult};
 use vm_memory::{GuestAddressSpace, GuestMemoryBackend};
@@ -16,25 +16,28 @@ use super::{invalid, Connection, DRAIN_TIMEOUT, LOG_ALL};
 use crate::dirty_log::DirtyLog;
 use crate::iothread::{Command, QueueLog};
 use crate::vhost_user::handover::LogState;
-use crate::vhost_user::memory::{seal_against_shrinking, Sealing};
+use crate::vhost_user::memory::seal_against_shrinking;
 
 impl Connection {
     /// SET_LOG_BASE: maps the frontend's dirty log, checked against its file
     /// and the guest memory it must cover, and hands it to the running rings.
     pub(super) fn map_log(&mut self, log: &VhostUserLog, file: File) -> VhostResult<()> {
+        // As for guest memory: sealed against shrinking where possible, then
+        // checked against its size; an unsealable file is refused or left to
+        // the fault handler, as the memory-sealing policy says.
+        self.sealing_policy(seal_against_shrinking(&file), "the dirty log")?;
         let name = &self.export.device.name;
         // The log must cover every guest address the daemon may write.
         let mem_end = self.mem.memory().last_addr().0.saturating_add(1);
-        // As for guest memory: sealed against shrinking where possible, then
-        // checked against its size, so a truncation cannot SIGBUS the daemon.
-        if seal_against_shrinking(&file) == Sealing::Unsealed {
-            info!("{name}: the dirty log's file cannot be sealed against shrinking");
-        }
-        let mapped =
+        let mut mapped =
             DirtyLog::map(&file, log.mmap_size, log.mmap_offset, mem_end).map_err(|e| {
                 warn!("{name}: SET_LOG_BASE refused: {e}");
                 invalid(&e.to_string())
             })?;
+        mapped.register_faults(&self.faults).map_err(|e| {
+            warn!("{name}: SET_LOG_BASE refused: {e}");
+            invalid(&e.to_string())
+        })?;
         debug!(
             "{name}: dirty log of {} bytes mapped ({} pages of guest memory)",
             log.mmap_size,
