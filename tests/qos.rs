@@ -450,7 +450,7 @@ fn weights_split_a_shared_device() {
             e
         })
         .collect();
-    let (daemon, control) = start_daemon(&dir, exports, vec![]);
+    let (daemon, control) = start_with_control(&dir, exports, vec![]);
     let mut clients: Vec<Client> = daemon
         .sockets()
         .iter()
@@ -486,7 +486,7 @@ fn a_reservation_holds_while_a_neighbour_floods() {
         let mut reserved = file_export(&dir, "reserved", 1);
         reserved.reservation_iops = reservation;
         let flood = file_export(&dir, "flood", 6);
-        let (daemon, control) = start_daemon(&dir, vec![reserved, flood], vec![]);
+        let (daemon, control) = start_with_control(&dir, vec![reserved, flood], vec![]);
         let mut clients: Vec<Client> = daemon
             .sockets()
             .iter()
