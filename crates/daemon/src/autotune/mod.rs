@@ -14,27 +14,29 @@
 //! saturation. A queue's load is its request rate times its owner's CPU cost
 //! per request (the owner's work over the requests it completed).
 //!
-//! **Rules**, in order, at most one kind per tick:
+//! **Rules**, in order, planned on a copy of the tick's view so that each
+//! queue gets at most one decision a tick:
 //! 1. *Budget*: more active threads (threads owning a queue) than the cpu
 //!    budget allows: the coolest are emptied onto the others.
-//! 2. *Balance*: the hottest active thread is above `balance_above` and a
-//!    cooler active one can take one of its queues, lowering the pair's
-//!    maximum by at least `min_gain`: that queue moves.
-//! 3. *Activate*: a thread above `activate_above` that no active thread can
-//!    relieve wakes a parked thread (one without queues) and hands it about
-//!    half of its load; every saturated thread does so in the same tick, so
-//!    the active set can double per round on a large host.
-//! 4. *Park*: the active threads' load would fit on fewer threads with each
-//!    below `park_below` (well under `activate_above`, so that a parked
-//!    thread is not woken again by the same load): the coolest threads give
-//!    their queues to the others and are left parked (no queue, no CPU).
+//! 2. *Balance*: a thread above `balance_above` gives the queue that lowers
+//!    its load most (by at least `min_gain`) to the coolest active thread.
+//! 3. *Activate*: a thread above `activate_above` with several queues that
+//!    balancing cannot relieve wakes a parked thread (one without queues)
+//!    and hands it about half of its load. A *pegged* thread (above
+//!    `pegged`) hides how much more its queues want: it goes to parked
+//!    threads first, up to three at once, and when none is parked the
+//!    coolest threads are emptied onto the other cool ones to make room.
+//! 4. *Park*: a thread whose queues fit on the other threads below
+//!    `park_below` (best fit; idle queues fit anywhere) gives them away and
+//!    is left parked (no queue, no CPU).
 //!
-//! **Hysteresis.** Thresholds far apart (activate 0.80, park 0.45), a rule
-//! must hold for `confirm_*` consecutive ticks before it acts (activation
-//! quickly, parking slowly), no decision for `settle_ms` after a move (the
-//! next sample would mix the old placement with the new), and a queue that
-//! moved does not move again for `dwell_ms` (10 s) except to honour the
-//! budget.
+//! **Hysteresis.** Thresholds apart (activate 0.90, balance 0.80, park
+//! 0.75), a rule must hold for `confirm_*` consecutive ticks before it acts
+//! (waking quickly, parking slowly), no decision for `settle_ms` after a
+//! move (the next sample would mix the old placement with the new), and a
+//! queue that moved does not move again for `dwell_ms` (10 s) to balance or
+//! to park. Waking threads and making room for them ignore the dwell: they
+//! happen only while a thread is pegged, before convergence.
 //!
 //! **Cost model of a move.** A move drains the queue's ring: the queue stops
 //! popping until its in-flight requests complete, then its new owner serves
@@ -51,7 +53,12 @@
 //! one dwell period pays that
 //! back [`Params::payback`] times over.
 
+pub mod sim;
+
 use std::collections::HashMap;
+
+/// A queue's load below which it counts as idle (a fraction of a core).
+const IDLE_LOAD: f64 = 0.005;
 
 /// A virtqueue, as the controller names it: export index and queue index.
 pub type QueueId = (usize, u16);
@@ -155,12 +162,14 @@ pub struct Params {
     /// Least reduction of the hottest thread's work fraction a balance move
     /// must bring.
     pub min_gain: f64,
-    /// Ticks a saturation must last before a thread is woken.
-    pub confirm_activate: u32,
+    /// Work fraction above which a saturated thread is pegged: how much more
+    /// its queues want is unknown, so it wakes several threads at once.
+    pub pegged: f64,
+    /// Ticks a thread must stay hot before a queue leaves it (to balance
+    /// or to a woken thread).
+    pub confirm_hot: u32,
     /// Ticks an idle surplus must last before a thread is parked.
     pub confirm_park: u32,
-    /// Ticks an imbalance must last before a queue moves.
-    pub confirm_balance: u32,
     /// No decision this long after a move, ms.
     pub settle_ms: u64,
     /// A queue that moved stays this long, ms (the budget rule excepted).
@@ -178,13 +187,13 @@ impl Default for Params {
     fn default() -> Self {
         Params {
             max_active: usize::MAX,
-            activate_above: 0.80,
-            park_below: 0.45,
-            balance_above: 0.60,
+            activate_above: 0.90,
+            park_below: 0.75,
+            balance_above: 0.80,
+            pegged: 0.97,
             min_gain: 0.10,
-            confirm_activate: 2,
+            confirm_hot: 2,
             confirm_park: 5,
-            confirm_balance: 2,
             settle_ms: 2_000,
             dwell_ms: 10_000,
             move_cost_s: 0.002,
@@ -204,9 +213,8 @@ impl Params {
 /// Which rule was pending, and for how many ticks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Streaks {
-    activate: u32,
+    hot: u32,
     park: u32,
-    balance: u32,
 }
 
 /// The policy's state between ticks.
@@ -232,6 +240,8 @@ struct View<'a> {
     qload: Vec<f64>,
     /// CPU seconds per request on each thread.
     cost: Vec<f64>,
+    /// Queues already given a decision this tick (one each).
+    planned: Vec<bool>,
 }
 
 impl View<'_> {
@@ -328,13 +338,14 @@ impl AutoTune {
             owner: s.queues.iter().map(|q| q.owner).collect(),
             qload,
             cost,
+            planned: vec![false; s.queues.len()],
         }
     }
 
     /// May queue `i` of the sample move now (not pinned, dwell over)?
     fn movable(&self, v: &View, i: usize, honour_dwell: bool) -> bool {
         let q = &v.sample.queues[i];
-        if q.pinned {
+        if q.pinned || v.planned[i] {
             return false;
         }
         !honour_dwell
@@ -363,6 +374,7 @@ impl AutoTune {
         v.load[from] = (v.load[from] - l).max(0.0);
         v.load[to] += l;
         v.owner[i] = to;
+        v.planned[i] = true;
         Decision {
             queue: v.sample.queues[i].id,
             from,
@@ -430,17 +442,30 @@ impl AutoTune {
             .copied()
             .filter(|&t| v.load[t] > p.balance_above)
             .collect();
-        if hot.is_empty() {
-            self.streaks.balance = 0;
-            self.streaks.activate = 0;
-            return Vec::new();
-        }
         hot.sort_by(|&a, &b| v.load[b].total_cmp(&v.load[a]));
         // Planned on a copy: nothing changes until the rule is confirmed.
         let mut w = v.clone();
-        let mut balance = Vec::new();
+        let mut out = Vec::new();
         let mut saturated = Vec::new();
-        for h in hot {
+        let mut parked = (0..v.load.len())
+            .filter(|&t| !v.active(t))
+            .collect::<Vec<_>>();
+        let mut room = p.max_active.saturating_sub(actives.len()).min(parked.len());
+        let mut starved = Vec::new();
+        for h in hot.iter().copied() {
+            let splittable = w.load[h] > p.activate_above && w.queues_on(h).len() > 1;
+            // A pegged thread's queues want more than they show: moving one
+            // to a busy thread would peg that one too; a parked thread is
+            // the place for it while there is room.
+            if splittable && w.load[h] >= p.pegged {
+                if room > 0 {
+                    saturated.push(h);
+                    room -= 1;
+                } else {
+                    starved.push(h);
+                }
+                continue;
+            }
             let c = *actives
                 .iter()
                 .min_by(|&&a, &&b| w.load[a].total_cmp(&w.load[b]))
@@ -460,126 +485,180 @@ impl AutoTune {
                 })
                 .flatten();
             match best {
-                Some((i, _)) => balance.push(self.plan(&mut w, i, c, Reason::Balance)),
-                None if w.load[h] > p.activate_above && w.queues_on(h).len() > 1 => {
-                    saturated.push(h)
+                Some((i, _)) => out.push(self.plan(&mut w, i, c, Reason::Balance)),
+                None if splittable && room > 0 => {
+                    saturated.push(h);
+                    room -= 1;
                 }
                 None => {}
             }
         }
-        if !balance.is_empty() {
-            self.streaks.activate = 0;
-            self.streaks.balance += 1;
-            if self.streaks.balance < p.confirm_balance {
-                return Vec::new();
-            }
-            *v = w;
-            return balance;
-        }
-        self.streaks.balance = 0;
-        if saturated.is_empty() {
-            self.streaks.activate = 0;
-            return Vec::new();
-        }
-        self.streaks.activate += 1;
-        if self.streaks.activate < p.confirm_activate {
-            return Vec::new();
-        }
-        let mut out = Vec::new();
-        let mut active = actives.len();
-        let mut parked = (0..v.load.len())
-            .filter(|&t| !v.active(t))
-            .collect::<Vec<_>>();
-        parked.reverse();
-        for h in saturated {
-            if active >= p.max_active {
-                break;
-            }
-            let Some(t) = parked.pop() else { break };
-            let split = self.split(v, h);
-            if split.is_empty() {
+        // Pegged threads and no parked one to wake: empty the coolest
+        // threads onto the other cool ones, and wake them for the pegged
+        // ones in the same round.
+        'starved: for h in starved {
+            let want = (w.queues_on(h).len() - 1).min(3);
+            for n in 0..want {
+                let Some((t, d)) = self.free_a_thread(&mut w, &hot, false) else {
+                    if n > 0 {
+                        saturated.push(h);
+                    }
+                    break 'starved;
+                };
+                out.extend(d);
                 parked.push(t);
-                continue;
             }
-            for i in split {
-                out.push(self.plan(v, i, t, Reason::Activate));
-            }
-            active += 1;
+            saturated.push(h);
         }
+        if out.is_empty() && saturated.is_empty() {
+            self.streaks.hot = 0;
+            return Vec::new();
+        }
+        self.streaks.hot += 1;
+        if self.streaks.hot < p.confirm_hot {
+            return Vec::new();
+        }
+        let mut active = w.actives().len();
+        parked.sort_unstable_by(|a, b| b.cmp(a));
+        for h in saturated {
+            // A pegged thread hides how much more its queues want: it wakes
+            // up to three threads at once, so that a large host reaches its
+            // active set in a few rounds (the active set can quadruple per
+            // round); parking gathers the cool ones again later.
+            let want = if w.load[h] >= p.pegged { 3 } else { 1 };
+            let room = p.max_active.saturating_sub(active).min(parked.len());
+            let groups = self.split(&w, h, want.min(room));
+            for group in groups {
+                let t = parked.pop().expect("no more groups than parked threads");
+                for i in group {
+                    out.push(self.plan(&mut w, i, t, Reason::Activate));
+                }
+                active += 1;
+            }
+        }
+        *v = w;
         out
     }
 
-    /// The queues of saturated thread `h` to hand to a woken thread: about
-    /// half of its load (heaviest first, as long as they fit in the half);
-    /// when one queue carries more than half, every other queue.
-    fn split(&self, v: &View, h: usize) -> Vec<usize> {
-        let mut qs: Vec<usize> = v
-            .queues_on(h)
+    /// Empties the coolest active thread that is not `hot` onto the other
+    /// active threads that are not, each staying below `park_below`, and
+    /// returns it with the moves. Its queues may not be pinned; to make
+    /// room for a pegged thread their dwell time is not honoured: that
+    /// happens only before convergence, and moves only cool queues.
+    fn free_a_thread(
+        &self,
+        v: &mut View,
+        hot: &[usize],
+        honour_dwell: bool,
+    ) -> Option<(usize, Vec<Decision>)> {
+        let p = self.params;
+        let cool: Vec<usize> = v
+            .actives()
             .into_iter()
-            .filter(|&i| self.movable(v, i, true))
+            .filter(|t| !hot.contains(t))
             .collect();
-        let all = v.queues_on(h).len();
-        qs.sort_by(|&a, &b| v.qload[b].total_cmp(&v.qload[a]));
-        let half = v.load[h] / 2.0;
-        let mut taken = 0.0;
-        let mut out = Vec::new();
-        for &i in &qs {
-            if taken + v.qload[i] <= half * 1.1 {
-                taken += v.qload[i];
-                out.push(i);
+        let mut candidates: Vec<usize> = cool
+            .iter()
+            .copied()
+            .filter(|&t| {
+                !v.has_pinned(t)
+                    && v.queues_on(t)
+                        .iter()
+                        .all(|&i| self.movable(v, i, honour_dwell))
+            })
+            .collect();
+        candidates.sort_by(|&a, &b| v.load[a].total_cmp(&v.load[b]));
+        for t in candidates {
+            let mut w = v.clone();
+            let mut qs = w.queues_on(t);
+            qs.sort_by(|&a, &b| w.qload[b].total_cmp(&w.qload[a]));
+            let mut out = Vec::new();
+            for i in qs {
+                // Best fit: the fullest cool thread that stays below
+                // `park_below`, so that the next thread can go too.
+                // A queue without requests adds nothing: any active thread
+                // takes it, the one with the fewest queues first.
+                let l = w.qload[i];
+                let fit = cool
+                    .iter()
+                    .copied()
+                    .filter(|&o| o != t && w.active(o) && w.load[o] + l < p.park_below)
+                    .max_by(|&a, &b| w.load[a].total_cmp(&w.load[b]));
+                let idle = || {
+                    (l < IDLE_LOAD)
+                        .then(|| {
+                            w.actives()
+                                .into_iter()
+                                .filter(|&o| o != t)
+                                .min_by_key(|&o| w.queues_on(o).len())
+                        })
+                        .flatten()
+                };
+                let Some(to) = fit.or_else(idle) else {
+                    break;
+                };
+                out.push(self.plan(&mut w, i, to, Reason::Park));
+            }
+            if !w.active(t) && cool.iter().all(|&o| w.load[o] < p.park_below) {
+                *v = w;
+                return Some((t, out));
             }
         }
-        if out.is_empty() && qs.len() == all && all > 1 {
-            // One queue dominates: it keeps the thread to itself.
-            out = qs[1..].to_vec();
+        None
+    }
+
+    /// Splits the queues of saturated thread `h` into itself and up to
+    /// `ways` woken threads, longest processing time first (the queues that
+    /// may not move stay on `h`). Returns the groups to move, none empty.
+    /// Activation is the one rule that ignores the dwell time: it only ever
+    /// adds threads, so it cannot oscillate by itself, and a large host
+    /// would otherwise wait a dwell period per doubling.
+    fn split(&self, v: &View, h: usize, ways: usize) -> Vec<Vec<usize>> {
+        if ways == 0 {
+            return Vec::new();
         }
-        out.retain(|&i| self.pays(v, i, v.qload[i]));
-        out
+        let (mut qs, stay): (Vec<usize>, Vec<usize>) = v
+            .queues_on(h)
+            .into_iter()
+            .partition(|&i| self.movable(v, i, false));
+        qs.sort_by(|&a, &b| v.qload[b].total_cmp(&v.qload[a]));
+        let mut load = vec![0.0f64; ways + 1];
+        load[0] = stay.iter().map(|&i| v.qload[i]).sum();
+        let mut groups = vec![Vec::new(); ways + 1];
+        for i in qs {
+            let g = (0..=ways)
+                .min_by(|&a, &b| load[a].total_cmp(&load[b]))
+                .expect("not empty");
+            load[g] += v.qload[i];
+            groups[g].push(i);
+        }
+        groups
+            .into_iter()
+            .skip(1)
+            .map(|g| {
+                g.into_iter()
+                    .filter(|&i| self.pays(v, i, v.qload[i]))
+                    .collect::<Vec<_>>()
+            })
+            .filter(|g| !g.is_empty())
+            .collect()
     }
 
     fn park(&mut self, v: &mut View) -> Vec<Decision> {
         let p = self.params;
-        let actives = v.actives();
-        let total: f64 = actives.iter().map(|&t| v.load[t]).sum();
-        let mut candidates: Vec<usize> = actives
-            .iter()
-            .copied()
-            .filter(|&t| {
-                !v.has_pinned(t) && v.queues_on(t).iter().all(|&i| self.movable(v, i, true))
-            })
+        // Threads at `park_below` or above neither give nor take queues.
+        let busy: Vec<usize> = (0..v.load.len())
+            .filter(|&t| v.load[t] >= p.park_below)
             .collect();
-        candidates.sort_by(|&a, &b| v.load[a].total_cmp(&v.load[b]));
-        // The most threads that can go with every remaining one below
-        // `park_below`, planned on a copy.
-        let mut best = None;
-        for k in (1..=candidates.len().min(actives.len().saturating_sub(1))).rev() {
-            if total / (actives.len() - k) as f64 >= p.park_below {
-                continue;
-            }
-            let mut w = v.clone();
-            let gone = &candidates[..k];
-            let mut out = Vec::new();
-            for &t in gone {
-                let mut qs = w.queues_on(t);
-                qs.sort_by(|&a, &b| w.qload[b].total_cmp(&w.qload[a]));
-                for i in qs {
-                    let to = *actives
-                        .iter()
-                        .filter(|t| !gone.contains(t))
-                        .min_by(|&&a, &&b| w.load[a].total_cmp(&w.load[b]))
-                        .expect("k < active threads");
-                    out.push(self.plan(&mut w, i, to, Reason::Park));
-                }
-            }
-            if actives.iter().all(|&t| w.load[t] < p.park_below) {
-                best = Some((w, out));
-                break;
-            }
+        let mut w = v.clone();
+        let mut out = Vec::new();
+        while let Some((_, d)) = self.free_a_thread(&mut w, &busy, true) {
+            out.extend(d);
         }
-        let Some((w, out)) = best else {
+        if out.is_empty() {
             self.streaks.park = 0;
             return Vec::new();
-        };
+        }
         self.streaks.park += 1;
         if self.streaks.park < p.confirm_park {
             return Vec::new();
