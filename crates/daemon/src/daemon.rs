@@ -30,6 +30,7 @@ use crate::stats::DaemonSnapshot;
 use crate::vhost_user::{serve_frontend, wait_readable, ExportShared, SessionEnd};
 use crate::virtio::{BlkGeometry, SECTOR_SIZE};
 
+mod autotune;
 mod control_target;
 pub mod queue_move;
 mod throttle;
@@ -173,6 +174,8 @@ pub(crate) struct DaemonState {
     /// Taken after `exports` when both are.
     pub(crate) groups: Mutex<Vec<LiveGroup>>,
     seccomp: SeccompMode,
+    /// With `--iothreads auto`: the online tuner's state (docs/autotune.md).
+    pub(crate) tuning: Option<Arc<autotune::Tuning>>,
     /// Index of the next export (never reused: it keys queues in the IOThreads).
     next_index: AtomicUsize,
 }
@@ -199,8 +202,11 @@ impl DaemonState {
     /// Validates `config` as one more export (same keys as a TOML
     /// `[[export]]`), opens it and starts serving it.
     pub(crate) fn add_export(&self, config: &ExportConfig) -> Result<String, DaemonError> {
-        let plan = crate::config::validate_export(0, config, self.iothreads.len())
+        let mut plan = crate::config::validate_export(0, config, self.iothreads.len())
             .map_err(|e| ConfigError::new(e.field.trim_start_matches("export[0]."), e.message))?;
+        if self.tuning.is_some() {
+            autotune::start_placement(&mut plan, self.iothreads.len());
+        }
         refuse_unenforced_shares(config, |key| key.to_string())?;
         if let Some(g) = config
             .throttle_group
@@ -410,6 +416,8 @@ pub struct Daemon {
     control: Option<(JoinHandle<()>, PathBuf)>,
     /// Ends the control socket's thread.
     shutdown: Arc<EventFd>,
+    /// With `--iothreads auto`: the `vqblk-tune` thread.
+    tuner: Option<autotune::Controller>,
     /// `stop` ran (from `shutdown` or from drop): it runs once.
     stopped: bool,
 }
@@ -439,7 +447,7 @@ fn refuse_unenforced_shares(
 impl Daemon {
     /// Validates `config`, opens every export and starts serving.
     pub fn start(config: &ServeConfig) -> Result<Daemon, DaemonError> {
-        let plans = config.validate()?;
+        let mut plans = config.validate()?;
         for (i, e) in config.exports.iter().enumerate() {
             refuse_unenforced_shares(e, |key| format!("export[{i}].{key}"))?;
         }
@@ -450,14 +458,34 @@ impl Daemon {
         let disks = plans.iter().map(open_disk).collect::<Result<Vec<_>, _>>()?;
         let mut threads = Vec::new();
         let mut info = Vec::new();
-        for i in 0..config.iothreads.count {
-            let cpus = config
-                .iothreads
-                .threads
-                .iter()
-                .find(|t| t.id == i)
-                .and_then(|t| t.cpuset.as_deref())
-                .map(|c| parse_cpuset(c).expect("validated"));
+        let auto_cpus = config.iothreads.auto_cpus()?;
+        let pool = config.iothreads.pool_size()?;
+        let tuning = auto_cpus.as_ref().map(|cpus| {
+            let budget = config.iothreads.cpu_budget.unwrap_or(cpus.len() as f64);
+            let params = crate::autotune::Params {
+                max_active: crate::autotune::Params::max_active_for_budget(budget),
+                ..Default::default()
+            };
+            for plan in &mut plans {
+                autotune::start_placement(plan, pool);
+            }
+            info!(
+                "IOThreads: auto, one per CPU of {cpus:?}, at most {} active",
+                params.max_active
+            );
+            Arc::new(autotune::Tuning::new(params))
+        });
+        for i in 0..pool {
+            let cpus = match &auto_cpus {
+                Some(c) => Some(vec![c[i]]),
+                None => config
+                    .iothreads
+                    .threads
+                    .iter()
+                    .find(|t| t.id == i)
+                    .and_then(|t| t.cpuset.as_deref())
+                    .map(|c| parse_cpuset(c).expect("validated")),
+            };
             let (poll_mode, poll_params) = config.iothreads.poll_for(i);
             info!("IOThread {i}: polling {poll_mode:?} {poll_params:?}");
             info.push(IoThreadInfo {
@@ -486,12 +514,14 @@ impl Daemon {
             exports: Mutex::new(Vec::new()),
             groups: Mutex::new(groups),
             seccomp,
+            tuning,
             next_index: AtomicUsize::new(plans.len()),
         });
         let mut daemon = Daemon {
             state: state.clone(),
             control: None,
             shutdown: Arc::new(EventFd::new(EFD_NONBLOCK)?),
+            tuner: None,
             stopped: false,
         };
         for (index, (plan, disk)) in plans.into_iter().zip(disks).enumerate() {
@@ -506,8 +536,12 @@ impl Daemon {
                 }
             })?;
             info!("control socket on {}", c.socket.display());
-            let j = crate::control::spawn(listener, state, daemon.shutdown.clone(), seccomp)?;
+            let j =
+                crate::control::spawn(listener, state.clone(), daemon.shutdown.clone(), seccomp)?;
             daemon.control = Some((j, c.socket.clone()));
+        }
+        if state.tuning.is_some() {
+            daemon.tuner = Some(autotune::Controller::spawn(state.clone(), seccomp)?);
         }
         Ok(daemon)
     }
@@ -562,6 +596,10 @@ impl Daemon {
         if let Some((j, path)) = self.control.take() {
             let _ = j.join();
             let _ = fs::remove_file(path);
+        }
+        // Before the drain: no queue moves once the exports stop.
+        if let Some(t) = self.tuner.take() {
+            t.stop();
         }
         let mut exports = std::mem::take(&mut *self.state.exports.lock().unwrap());
         // One line per step, so that a stop that hangs (or is cut short by

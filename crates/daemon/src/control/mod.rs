@@ -36,7 +36,9 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::seccomp::{SeccompMode, ThreadKind};
 
 pub use methods::METHODS;
-pub use target::{ControlTarget, ExportView, IoThreadView, QueueMoved, ThrottleGroupView};
+pub use target::{
+    ControlTarget, ExportView, IoThreadView, QueueMoved, ThrottleGroupView, TuneView,
+};
 
 /// Longest request line, bytes (1 MiB): a longer one is refused and its
 /// client closed.
