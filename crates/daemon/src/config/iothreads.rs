@@ -202,6 +202,13 @@ impl IoThreadsConfig {
             }
             return Ok(None);
         }
+        if let Some(i) = self.threads.iter().position(|t| t.cpuset.is_some()) {
+            return Err(ConfigError::new(
+                format!("iothreads.thread[{i}].cpuset"),
+                "not with count = \"auto\": its IOThreads are pinned one per CPU of \
+                 iothreads.cpuset",
+            ));
+        }
         let cpus = match &self.cpuset {
             Some(c) => {
                 super::parse_cpuset(c).map_err(|m| ConfigError::new("iothreads.cpuset", m))?
@@ -279,6 +286,10 @@ mod tests {
         assert_eq!(
             field("count = \"auto\"\ncpuset = \"0-3\"\ncpu-budget = 0.5"),
             "iothreads.cpu-budget"
+        );
+        assert_eq!(
+            field("count = \"auto\"\n[[thread]]\nid = 0\ncpuset = \"1\""),
+            "iothreads.thread[0].cpuset"
         );
     }
 }
