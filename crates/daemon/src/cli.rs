@@ -42,9 +42,13 @@ pub struct ServeArgs {
     /// Largest virtqueue size.
     #[arg(long, default_value_t = 256)]
     pub queue_size: u16,
-    /// Number of IOThreads in the pool.
-    #[arg(long, default_value_t = 1)]
-    pub iothreads: usize,
+    /// Number of IOThreads in the pool, or `auto`: one per host CPU, the
+    /// active ones and the queue placement tuned online (docs/autotune.md).
+    #[arg(long, default_value = "1", value_name = "N|auto")]
+    pub iothreads: IoThreadsArg,
+    /// With `--iothreads auto`: most cores the active IOThreads may take.
+    #[arg(long, value_name = "CORES")]
+    pub cpu_budget: Option<f64>,
     /// Pin an IOThread: ID=CPUSET (repeatable), like libvirt `<iothreadpin>`.
     #[arg(long = "iothread-pin", value_name = "ID=CPUSET")]
     pub iothread_pin: Vec<String>,
@@ -158,6 +162,28 @@ pub struct ServeArgs {
     pub shutdown_timeout: Option<u64>,
 }
 
+/// `--iothreads`: a count, or `auto`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoThreadsArg {
+    /// A fixed pool of this many IOThreads.
+    Count(usize),
+    /// Tuned online.
+    Auto,
+}
+
+impl std::str::FromStr for IoThreadsArg {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(IoThreadsArg::Auto),
+            n => n
+                .parse()
+                .map(IoThreadsArg::Count)
+                .map_err(|_| format!("{n:?} is neither a number nor \"auto\"")),
+        }
+    }
+}
+
 impl ServeArgs {
     /// Builds the serve model these flags describe. Returns it and whether it is
     /// the built-in default.
@@ -184,8 +210,8 @@ impl ServeArgs {
             if queues == 1 {
                 queues = 4;
             }
-            if iothreads == 1 {
-                iothreads = 2;
+            if iothreads == IoThreadsArg::Count(1) {
+                iothreads = IoThreadsArg::Count(2);
             }
             create = create.or(Some(DEFAULT_SIZE.into()));
             std::fs::create_dir_all(&dir).map_err(|err| format!("{DEFAULT_DIR}: {err}"))?;
@@ -229,7 +255,11 @@ impl ServeArgs {
             exports: vec![e],
             ..Default::default()
         };
-        cfg.iothreads.count = iothreads;
+        match iothreads {
+            IoThreadsArg::Count(n) => cfg.iothreads.count = n,
+            IoThreadsArg::Auto => cfg.iothreads.auto = true,
+        }
+        cfg.iothreads.cpu_budget = self.cpu_budget;
         cfg.iothreads.poll = crate::config::PollConfig {
             poll: self.poll,
             poll_max_ns: self.poll_max_ns,
@@ -562,6 +592,7 @@ pub fn flag_name(field: &str) -> String {
     match f {
         f if f.starts_with("iothreads.poll") => format!("--{}", &f["iothreads.".len()..]),
         "iothreads.count" | "iothreads" => "--iothreads".into(),
+        "iothreads.cpu-budget" => "--cpu-budget".into(),
         "iothreads.bounce-buffer-max" => "--bounce-buffer-max".into(),
         "control.socket" => "--control".into(),
         "metrics.listen" => "--metrics".into(),

@@ -342,7 +342,7 @@ impl ServeConfig {
                 "0 would give up at once; leave it out to wait for every step",
             ));
         }
-        let pool = self.iothreads.count;
+        let pool = self.iothreads.pool_size()?;
         if pool == 0 || pool > MAX_IOTHREADS {
             return Err(ConfigError::new(
                 "iothreads.count",

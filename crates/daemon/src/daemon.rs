@@ -31,6 +31,7 @@ use crate::stats::DaemonSnapshot;
 use crate::vhost_user::{wait_frontend, ExportShared, Session, SessionEnd, Successor};
 use crate::virtio::{BlkGeometry, SECTOR_SIZE};
 
+mod autotune;
 mod control_target;
 pub mod handover;
 pub mod queue_move;
@@ -187,6 +188,8 @@ pub(crate) struct DaemonState {
     pub(crate) groups: Mutex<Vec<LiveGroup>>,
     seccomp: SeccompMode,
     memory_sealing: MemorySealing,
+    /// With `--iothreads auto`: the online tuner's state (docs/autotune.md).
+    pub(crate) tuning: Option<Arc<autotune::Tuning>>,
     /// Index of the next export (never reused: it keys queues in the IOThreads).
     next_index: AtomicUsize,
     /// The share allocator's thread (reservations and weights) and its board.
@@ -219,8 +222,11 @@ impl DaemonState {
     /// Validates `config` as one more export (same keys as a TOML
     /// `[[export]]`), opens it and starts serving it.
     pub(crate) fn add_export(&self, config: &ExportConfig) -> Result<String, DaemonError> {
-        let plan = crate::config::validate_export(0, config, self.iothreads.len())
+        let mut plan = crate::config::validate_export(0, config, self.iothreads.len())
             .map_err(|e| ConfigError::new(e.field.trim_start_matches("export[0]."), e.message))?;
+        if self.tuning.is_some() {
+            autotune::start_placement(&mut plan, self.iothreads.len());
+        }
         if let Some(g) = config
             .throttle_group
             .as_deref()
@@ -455,6 +461,8 @@ pub struct Daemon {
     control: Option<(JoinHandle<()>, PathBuf)>,
     /// Ends the control socket's thread.
     shutdown: Arc<EventFd>,
+    /// With `--iothreads auto`: the `vqblk-tune` thread.
+    tuner: Option<autotune::Controller>,
     /// `stop` ran (from `shutdown` or from drop): it runs once.
     stopped: bool,
 }
@@ -471,7 +479,7 @@ impl Daemon {
         config: &ServeConfig,
         mut arrivals: Vec<Option<handover::Arrival>>,
     ) -> Result<Daemon, DaemonError> {
-        let plans = config.validate()?;
+        let mut plans = config.validate()?;
         let seccomp = config.seccomp;
         crate::seccomp::probe(seccomp)?;
         // Before any thread that touches frontend memory starts (and
@@ -482,14 +490,34 @@ impl Daemon {
         let disks = plans.iter().map(open_disk).collect::<Result<Vec<_>, _>>()?;
         let mut threads = Vec::new();
         let mut info = Vec::new();
-        for i in 0..config.iothreads.count {
-            let cpus = config
-                .iothreads
-                .threads
-                .iter()
-                .find(|t| t.id == i)
-                .and_then(|t| t.cpuset.as_deref())
-                .map(|c| parse_cpuset(c).expect("validated"));
+        let auto_cpus = config.iothreads.auto_cpus()?;
+        let pool = config.iothreads.pool_size()?;
+        let tuning = auto_cpus.as_ref().map(|cpus| {
+            let budget = config.iothreads.cpu_budget.unwrap_or(cpus.len() as f64);
+            let params = crate::autotune::Params {
+                max_active: crate::autotune::Params::max_active_for_budget(budget),
+                ..Default::default()
+            };
+            for plan in &mut plans {
+                autotune::start_placement(plan, pool);
+            }
+            info!(
+                "IOThreads: auto, one per CPU of {cpus:?}, at most {} active",
+                params.max_active
+            );
+            Arc::new(autotune::Tuning::new(params))
+        });
+        for i in 0..pool {
+            let cpus = match &auto_cpus {
+                Some(c) => Some(vec![c[i]]),
+                None => config
+                    .iothreads
+                    .threads
+                    .iter()
+                    .find(|t| t.id == i)
+                    .and_then(|t| t.cpuset.as_deref())
+                    .map(|c| parse_cpuset(c).expect("validated")),
+            };
             let (poll_mode, poll_params) = config.iothreads.poll_for(i);
             info!("IOThread {i}: polling {poll_mode:?} {poll_params:?}");
             info.push(IoThreadInfo {
@@ -519,6 +547,7 @@ impl Daemon {
             groups: Mutex::new(groups),
             seccomp,
             memory_sealing: config.memory_sealing,
+            tuning,
             next_index: AtomicUsize::new(plans.len()),
             shares: shares::Shares::default(),
             me: Mutex::new(me.clone()),
@@ -527,6 +556,7 @@ impl Daemon {
             state: state.clone(),
             control: None,
             shutdown: Arc::new(EventFd::new(EFD_NONBLOCK)?),
+            tuner: None,
             stopped: false,
         };
         for (index, (plan, disk)) in plans.into_iter().zip(disks).enumerate() {
@@ -549,8 +579,12 @@ impl Daemon {
                 }
             })?;
             info!("control socket on {}", c.socket.display());
-            let j = crate::control::spawn(listener, state, daemon.shutdown.clone(), seccomp)?;
+            let j =
+                crate::control::spawn(listener, state.clone(), daemon.shutdown.clone(), seccomp)?;
             daemon.control = Some((j, c.socket.clone()));
+        }
+        if state.tuning.is_some() {
+            daemon.tuner = Some(autotune::Controller::spawn(state.clone(), seccomp)?);
         }
         Ok(daemon)
     }
@@ -611,6 +645,10 @@ impl Daemon {
         if let Some((j, path)) = self.control.take() {
             let _ = j.join();
             let _ = fs::remove_file(path);
+        }
+        // Before the drain: no queue moves once the exports stop.
+        if let Some(t) = self.tuner.take() {
+            t.stop();
         }
         // Before the IOThreads are joined: it holds the state while it ticks.
         self.state.shares.stop();

@@ -18,6 +18,7 @@
 //! transport, the seccomp filters, logging and the Prometheus renderer are
 //! internal.
 
+pub mod autotune;
 pub(crate) mod blkdev;
 pub mod block;
 pub mod cli;

@@ -41,6 +41,10 @@ pub struct ServeCommand {
     pub queue_size: Option<u16>,
     /// `--iothreads N`: IOThreads in the pool.
     pub iothreads: Option<usize>,
+    /// `--iothreads auto` (instead of a count): the pool tuned online.
+    pub iothreads_auto: bool,
+    /// `--cpu-budget CORES`: with `--iothreads auto`, most cores active.
+    pub cpu_budget: Option<f64>,
     /// `--iothread-pin ID=CPUSET`, once per pinned IOThread.
     pub iothread_pins: Vec<IoThreadPin>,
     /// `--poll MODE`: the polling algorithm.
@@ -183,6 +187,12 @@ impl ServeCommand {
         }
         if let Some(n) = self.iothreads {
             flag("--iothreads", text(&n));
+        }
+        if self.iothreads_auto {
+            flag("--iothreads", "auto".into());
+        }
+        if let Some(b) = self.cpu_budget {
+            flag("--cpu-budget", text(&b));
         }
         for pin in &self.iothread_pins {
             let spec = format!("{}={}", pin.iothread, pin.cpuset);

@@ -24,23 +24,79 @@ pub struct IoThreadConfig {
 }
 
 /// The `[iothreads]` table.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+#[derive(Debug, Clone, PartialEq)]
 pub struct IoThreadsConfig {
-    /// Number of IOThreads in the pool.
-    #[serde(default = "one")]
+    /// Number of IOThreads in the pool (with `auto`: unused, the pool has
+    /// one IOThread per CPU of `cpuset`).
     pub count: usize,
+    /// `count = "auto"` (`--iothreads auto`): one IOThread per CPU of
+    /// `cpuset`, and the active set and queue placement tuned online
+    /// (docs/autotune.md).
+    pub auto: bool,
+    /// With `auto`: the host CPUs the pool may use (cpuset syntax; default:
+    /// every CPU of the host).
+    pub cpuset: Option<String>,
+    /// With `auto`: most cores the active IOThreads may take (default: the
+    /// cpuset's size).
+    pub cpu_budget: Option<f64>,
     /// Per-thread settings (`[[iothreads.thread]]`).
-    #[serde(default, rename = "thread")]
     pub threads: Vec<IoThreadConfig>,
     /// Polling defaults for every IOThread (each `[[iothreads.thread]]` may override).
-    #[serde(flatten)]
     pub poll: PollConfig,
     /// Most memory each IOThread may hold in bounce buffers (for guest buffers
     /// O_DIRECT cannot take), e.g. `"64M"`; a request that would exceed it
     /// waits for buffers to be freed (or fails with IOERR if it alone is larger).
-    #[serde(default)]
     pub bounce_buffer_max: Option<String>,
+}
+
+/// The `[iothreads]` table as written: `count` is a number or `"auto"`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct IoThreadsToml {
+    #[serde(default)]
+    count: Option<CountToml>,
+    #[serde(default)]
+    cpuset: Option<String>,
+    #[serde(default)]
+    cpu_budget: Option<f64>,
+    #[serde(default, rename = "thread")]
+    threads: Vec<IoThreadConfig>,
+    #[serde(flatten)]
+    poll: PollConfig,
+    #[serde(default)]
+    bounce_buffer_max: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum CountToml {
+    Fixed(usize),
+    Word(String),
+}
+
+impl<'de> Deserialize<'de> for IoThreadsConfig {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let t = IoThreadsToml::deserialize(d)?;
+        let (count, auto) = match t.count {
+            None => (1, false),
+            Some(CountToml::Fixed(n)) => (n, false),
+            Some(CountToml::Word(w)) if w == "auto" => (1, true),
+            Some(CountToml::Word(w)) => {
+                return Err(serde::de::Error::custom(format!(
+                    "iothreads.count: {w:?} is neither a number nor \"auto\""
+                )))
+            }
+        };
+        Ok(IoThreadsConfig {
+            count,
+            auto,
+            cpuset: t.cpuset,
+            cpu_budget: t.cpu_budget,
+            threads: t.threads,
+            poll: t.poll,
+            bounce_buffer_max: t.bounce_buffer_max,
+        })
+    }
 }
 
 /// Polling settings, as in QEMU's iothread object and libvirt's `<poll>`.
@@ -99,14 +155,13 @@ impl PollConfig {
 /// The polling mode of an IOThread when the configuration does not say.
 pub const DEFAULT_POLL_MODE: PollMode = PollMode::Adaptive;
 
-fn one() -> usize {
-    1
-}
-
 impl Default for IoThreadsConfig {
     fn default() -> Self {
         IoThreadsConfig {
             count: 1,
+            auto: false,
+            cpuset: None,
+            cpu_budget: None,
             threads: Vec::new(),
             poll: PollConfig::default(),
             bounce_buffer_max: None,
@@ -133,6 +188,53 @@ impl IoThreadsConfig {
         Ok(n)
     }
 
+    /// With `auto`: the CPUs of `cpuset` (default: every CPU of the host),
+    /// one IOThread each; otherwise none.
+    pub fn auto_cpus(&self) -> Result<Option<Vec<usize>>, ConfigError> {
+        if !self.auto {
+            for (field, set) in [
+                ("iothreads.cpuset", self.cpuset.is_some()),
+                ("iothreads.cpu-budget", self.cpu_budget.is_some()),
+            ] {
+                if set {
+                    return Err(ConfigError::new(field, "only with count = \"auto\""));
+                }
+            }
+            return Ok(None);
+        }
+        if let Some(i) = self.threads.iter().position(|t| t.cpuset.is_some()) {
+            return Err(ConfigError::new(
+                format!("iothreads.thread[{i}].cpuset"),
+                "not with count = \"auto\": its IOThreads are pinned one per CPU of \
+                 iothreads.cpuset",
+            ));
+        }
+        let cpus = match &self.cpuset {
+            Some(c) => {
+                super::parse_cpuset(c).map_err(|m| ConfigError::new("iothreads.cpuset", m))?
+            }
+            None => (0..std::thread::available_parallelism().map_or(1, |n| n.get())).collect(),
+        };
+        if cpus.is_empty() {
+            return Err(ConfigError::new("iothreads.cpuset", "names no CPU"));
+        }
+        if let Some(b) = self.cpu_budget {
+            if !(b.is_finite() && b >= 1.0) {
+                return Err(ConfigError::new(
+                    "iothreads.cpu-budget",
+                    format!("{b} is not a number of cores of at least 1"),
+                ));
+            }
+        }
+        Ok(Some(cpus))
+    }
+
+    /// Number of IOThreads the pool starts: `count`, or with `auto` one per
+    /// CPU of `cpuset`.
+    pub fn pool_size(&self) -> Result<usize, ConfigError> {
+        Ok(self.auto_cpus()?.map_or(self.count, |c| c.len()))
+    }
+
     /// The polling mode and knobs of IOThread `id`.
     pub fn poll_for(&self, id: usize) -> (PollMode, PollParams) {
         match self.threads.iter().find(|t| t.id == id) {
@@ -145,5 +247,49 @@ impl IoThreadsConfig {
 impl IoThreadConfig {
     pub(super) fn poll_config(&self) -> PollConfig {
         self.poll.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(toml_text: &str) -> Result<IoThreadsConfig, String> {
+        toml::from_str::<IoThreadsConfig>(toml_text).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn count_auto_takes_a_cpuset_and_a_budget() {
+        let c = parse("count = \"auto\"\ncpuset = \"2-5\"\ncpu-budget = 2.5").unwrap();
+        assert!(c.auto);
+        assert_eq!(c.auto_cpus().unwrap(), Some(vec![2, 3, 4, 5]));
+        assert_eq!(c.pool_size().unwrap(), 4);
+        assert_eq!(c.cpu_budget, Some(2.5));
+        let fixed = parse("count = 3").unwrap();
+        assert!(!fixed.auto);
+        assert_eq!(fixed.pool_size().unwrap(), 3);
+        // Auto without a cpuset takes every CPU of the host.
+        assert!(parse("count = \"auto\"").unwrap().pool_size().unwrap() >= 1);
+    }
+
+    #[test]
+    fn bad_auto_settings_name_the_field() {
+        let e = parse("count = \"many\"").unwrap_err();
+        assert!(e.contains("iothreads.count"), "{e}");
+        let field = |t: &str| parse(t).unwrap().auto_cpus().unwrap_err().field;
+        assert_eq!(field("count = 2\ncpuset = \"0\""), "iothreads.cpuset");
+        assert_eq!(field("count = 2\ncpu-budget = 1.0"), "iothreads.cpu-budget");
+        assert_eq!(
+            field("count = \"auto\"\ncpuset = \"x\""),
+            "iothreads.cpuset"
+        );
+        assert_eq!(
+            field("count = \"auto\"\ncpuset = \"0-3\"\ncpu-budget = 0.5"),
+            "iothreads.cpu-budget"
+        );
+        assert_eq!(
+            field("count = \"auto\"\n[[thread]]\nid = 0\ncpuset = \"1\""),
+            "iothreads.thread[0].cpuset"
+        );
     }
 }

@@ -37,6 +37,8 @@ pub const METHODS: &[&str] = &[
     "block_set_io_throttle",
     "throttle-group-set",
     "query-throttle-groups",
+    "tune",
+    "query-tune",
 ];
 
 /// The named parameters of one request, taken one by one; whatever is left
@@ -189,6 +191,38 @@ impl Methods {
                     .collect();
                 Ok(Value::Array(groups))
             }
+            "tune" => {
+                let export = p.req_str("export")?;
+                let on = match p.0.remove("enable") {
+                    Some(Value::Bool(b)) => b,
+                    None | Some(Value::Null) => {
+                        return Err(RpcError::param("enable", "missing (true or false)"))
+                    }
+                    Some(v) => {
+                        return Err(RpcError::param(
+                            "enable",
+                            format!("{v} is not true or false"),
+                        ))
+                    }
+                };
+                p.finish(method)?;
+                self.state.set_tune(&export, on)?;
+                Ok(json!({}))
+            }
+            "query-tune" => {
+                p.finish(method)?;
+                Ok(match self.state.tune() {
+                    None => json!({ "auto": false }),
+                    Some(t) => json!({
+                        "auto": true,
+                        "max-active": t.max_active,
+                        "exports": t.on,
+                        "moves": t.moves.iter().map(|(r, n)| (r.to_string(), json!(n)))
+                            .collect::<Map<String, Value>>(),
+                        "failed-moves": t.failed,
+                    }),
+                })
+            }
             _ => Err(RpcError::new(
                 code::METHOD_NOT_FOUND,
                 format!("unknown method {method:?} (known: {})", METHODS.join(", ")),
@@ -226,6 +260,7 @@ impl Methods {
                 json!({
                     "id": id,
                     "name": s.name,
+                    "active": !owned.is_empty(),
                     "thread-id": s.tid,
                     "cpus": info.cpus,
                     "poll": poll_json(mode, params),

@@ -51,6 +51,30 @@ pub trait ControlTarget: Send + Sync {
     fn set_throttle_group(&self, name: &str, limits: ThrottleLimits) -> Result<(), RpcError>;
     /// The throttle groups, in the order they were made.
     fn throttle_groups(&self) -> Vec<ThrottleGroupView>;
+    /// Turns online tuning of `export`'s queues on or off (`tune`).
+    fn set_tune(&self, export: &str, on: bool) -> Result<(), RpcError> {
+        let _ = (export, on);
+        Err(RpcError::failed(
+            "the IOThread pool is not tuned online (start with --iothreads auto)",
+        ))
+    }
+    /// The online tuner, when the pool has one (`--iothreads auto`).
+    fn tune(&self) -> Option<TuneView> {
+        None
+    }
+}
+
+/// The online tuner of the IOThread pool (docs/autotune.md).
+#[derive(Debug, Clone)]
+pub struct TuneView {
+    /// Most IOThreads that may be active (the cpu budget).
+    pub max_active: usize,
+    /// Exports whose tuning is on.
+    pub on: Vec<String>,
+    /// Queue moves carried out, by reason.
+    pub moves: Vec<(&'static str, u64)>,
+    /// Queue moves that failed.
+    pub failed: u64,
 }
 
 /// One throttle group.

@@ -9,6 +9,7 @@ use super::{DaemonError, DaemonState, DelError, ExportLimits};
 use crate::config::ExportConfig;
 use crate::control::{
     ControlTarget, ExportView, IoThreadView, QueueMoved, RpcError, ShareView, ThrottleGroupView,
+    TuneView,
 };
 use crate::iothread::Command;
 use crate::poll::{PollMode, PollParams};
@@ -16,6 +17,47 @@ use crate::qos::ThrottleLimits;
 use crate::stats::DaemonSnapshot;
 
 impl ControlTarget for DaemonState {
+    fn set_tune(&self, export: &str, on: bool) -> Result<(), RpcError> {
+        let Some(t) = &self.tuning else {
+            return Err(RpcError::failed(
+                "the IOThread pool is not tuned online (start with --iothreads auto)",
+            ));
+        };
+        if !self
+            .exports
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|e| e.name == export)
+        {
+            return Err(RpcError::param(
+                "export",
+                format!("no export is named {export:?}"),
+            ));
+        }
+        t.set(export, on);
+        log::info!(
+            "autotune: export {export}: tuning {}",
+            if on { "on" } else { "off" }
+        );
+        Ok(())
+    }
+
+    fn tune(&self) -> Option<TuneView> {
+        let t = self.tuning.as_ref()?;
+        let exports = self.exports.lock().unwrap();
+        Some(TuneView {
+            max_active: t.params.max_active,
+            on: exports
+                .iter()
+                .filter(|e| t.is_on(&e.name))
+                .map(|e| e.name.clone())
+                .collect(),
+            moves: t.moves(),
+            failed: t.failed(),
+        })
+    }
+
     fn stats(&self) -> DaemonSnapshot {
         DaemonState::stats(self)
     }

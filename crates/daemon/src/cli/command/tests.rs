@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use clap::Parser;
 
 use super::*;
-use crate::cli::ServeArgs;
+use crate::cli::{IoThreadsArg, ServeArgs};
 
 #[derive(Parser)]
 struct T {
@@ -34,6 +34,7 @@ fn back(a: ServeArgs) -> ServeCommand {
         queues,
         queue_size,
         iothreads,
+        cpu_budget,
         iothread_pin,
         poll,
         poll_max_ns,
@@ -71,7 +72,12 @@ fn back(a: ServeArgs) -> ServeCommand {
         name,
         queues: Some(queues),
         queue_size: Some(queue_size),
-        iothreads: Some(iothreads),
+        iothreads: match iothreads {
+            IoThreadsArg::Count(n) => Some(n),
+            IoThreadsArg::Auto => None,
+        },
+        iothreads_auto: iothreads == IoThreadsArg::Auto,
+        cpu_budget,
         iothread_pins: iothread_pin
             .iter()
             .map(|p| {
@@ -122,6 +128,9 @@ fn full() -> ServeCommand {
         queues: Some(8),
         queue_size: Some(1024),
         iothreads: Some(3),
+        // With a count, not both: one --iothreads flag.
+        iothreads_auto: false,
+        cpu_budget: Some(2.5),
         iothread_pins: vec![
             IoThreadPin {
                 iothread: 0,
@@ -247,7 +256,7 @@ fn parsed_fields_equal_the_inputs() {
     assert_eq!(a.backend, Some(BackendKind::Null));
     assert_eq!(a.size.as_deref(), Some("1073741824"));
     assert_eq!(a.socket.as_deref(), Some(Path::new("/tmp/s.sock")));
-    assert_eq!((a.queues, a.iothreads), (4, 1));
+    assert_eq!((a.queues, a.iothreads), (4, IoThreadsArg::Count(1)));
     assert_eq!(a.poll, Some(PollMode::Off));
     assert_eq!(a.log_level, "warn");
     assert_eq!(a.image, None);
@@ -267,7 +276,10 @@ fn parsed_fields_equal_the_inputs() {
     let a = parse(&image);
     assert_eq!(a.image.as_deref(), Some(Path::new("/d.raw")));
     assert_eq!(a.cache, CacheMode::None);
-    assert_eq!((a.queues, a.iothreads, a.poll), (2, 2, None));
+    assert_eq!(
+        (a.queues, a.iothreads, a.poll),
+        (2, IoThreadsArg::Count(2), None)
+    );
     let (cfg, _) = a.to_config().unwrap();
     let plans = cfg.validate().unwrap();
     assert_eq!(plans[0].map.to_string(), "0:0;1:1");
@@ -278,7 +290,10 @@ fn an_empty_command_gets_the_daemon_defaults() {
     let cmd = ServeCommand::default();
     assert!(cmd.args().is_empty());
     let a = parse(&cmd);
-    assert_eq!((a.queues, a.queue_size, a.iothreads), (1, 256, 1));
+    assert_eq!(
+        (a.queues, a.queue_size, a.iothreads),
+        (1, 256, IoThreadsArg::Count(1))
+    );
     assert_eq!(a.cache, CacheMode::None);
     assert_eq!(a.log_level, "info");
     assert!(!a.read_only && a.poll.is_none() && a.backend.is_none());

@@ -1,0 +1,272 @@
+//! `--iothreads auto`: the `vqblk-tune` thread, a thin controller around the
+//! pure policy [`crate::autotune`]. Once a second it reads the IOThreads'
+//! counters (CPU and polling time, each queue's completed requests), hands
+//! the policy a [`Sample`], and carries out its decisions with the live
+//! `queue-move` ([`DaemonState::move_queue`]), logging and counting each
+//! with its reason. Queues placed by the configuration (`iothreads` or
+//! `iothread-vq-mapping` of an export) and the queues of an export whose
+//! tuning the `tune` method turned off are shown to the policy as pinned:
+//! they load their thread but never move.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use log::{error, info, warn};
+
+use super::DaemonState;
+use crate::autotune::{AutoTune, Params, QueueSample, Reason, Sample, ThreadSample};
+use crate::config::ExportPlan;
+use crate::mapping::VirtqueueMap;
+use crate::seccomp::{SeccompMode, ThreadKind};
+use crate::stats::DaemonSnapshot;
+
+/// How often the controller samples and decides.
+const TICK: Duration = Duration::from_secs(1);
+
+/// The tuner's state shared with the control socket and the metrics.
+#[derive(Debug)]
+pub(crate) struct Tuning {
+    /// The policy's knobs (the cpu budget among them).
+    pub(crate) params: Params,
+    /// Exports whose queues stay where they are (`tune` off).
+    off: Mutex<HashSet<String>>,
+    /// Moves carried out, by reason, in the order of [`Reason::ALL`].
+    moves: [AtomicU64; Reason::ALL.len()],
+    /// Moves that failed (the queue stayed, or moves once its drain ends).
+    failed: AtomicU64,
+}
+
+impl Tuning {
+    pub(crate) fn new(params: Params) -> Self {
+        Tuning {
+            params,
+            off: Mutex::new(HashSet::new()),
+            moves: Default::default(),
+            failed: AtomicU64::new(0),
+        }
+    }
+
+    /// Turns tuning of `export`'s queues on or off.
+    pub(crate) fn set(&self, export: &str, on: bool) {
+        let mut off = self.off.lock().unwrap();
+        if on {
+            off.remove(export);
+        } else {
+            off.insert(export.to_string());
+        }
+    }
+
+    /// Is tuning of `export` on?
+    pub(crate) fn is_on(&self, export: &str) -> bool {
+        !self.off.lock().unwrap().contains(export)
+    }
+
+    /// Moves carried out, by reason label.
+    pub(crate) fn moves(&self) -> Vec<(&'static str, u64)> {
+        Reason::ALL
+            .iter()
+            .zip(&self.moves)
+            .map(|(r, n)| (r.label(), n.load(Ordering::Relaxed)))
+            .collect()
+    }
+
+    /// Moves that failed.
+    pub(crate) fn failed(&self) -> u64 {
+        self.failed.load(Ordering::Relaxed)
+    }
+}
+
+/// The initial placement of an export the policy may move: every queue on
+/// IOThread 0, so that the pool starts with few active threads and the
+/// policy wakes more as load comes.
+pub(crate) fn start_placement(plan: &mut ExportPlan, pool: usize) {
+    if !placed_by_config(&plan.config) {
+        plan.map =
+            VirtqueueMap::round_robin(plan.config.queues, &[0], pool).expect("IOThread 0 exists");
+    }
+}
+
+fn placed_by_config(c: &crate::config::ExportConfig) -> bool {
+    c.iothread_vq_mapping.is_some() || c.iothreads.is_some()
+}
+
+/// The running controller.
+pub(crate) struct Controller {
+    stop: Sender<()>,
+    thread: JoinHandle<()>,
+}
+
+impl Controller {
+    /// Starts `vqblk-tune` over `state` (which must carry a [`Tuning`]).
+    pub(crate) fn spawn(
+        state: Arc<DaemonState>,
+        seccomp: SeccompMode,
+    ) -> std::io::Result<Controller> {
+        let (stop, rx) = channel();
+        let thread = std::thread::Builder::new()
+            .name("vqblk-tune".into())
+            .spawn(move || {
+                // It reads counters and thread clocks and sends queue moves:
+                // what the control socket's thread does, so its filter.
+                if let Err(e) = crate::seccomp::apply(ThreadKind::Rpc, seccomp) {
+                    error!("{e}: the tuning thread runs without a filter");
+                }
+                let Some(tuning) = state.tuning.clone() else {
+                    return;
+                };
+                let mut policy = AutoTune::new(tuning.params);
+                let mut ids = QueueIds::default();
+                let t0 = Instant::now();
+                let mut prev: Option<(Instant, DaemonSnapshot)> = None;
+                loop {
+                    match rx.recv_timeout(TICK) {
+                        Err(RecvTimeoutError::Timeout) => {}
+                        _ => return,
+                    }
+                    let now = Instant::now();
+                    let snap = state.stats();
+                    if let Some((then, old)) = &prev {
+                        let dt = now.duration_since(*then).as_secs_f64();
+                        let now_ms = now.duration_since(t0).as_millis() as u64;
+                        let sample = sample(&state, &tuning, &mut ids, old, &snap, dt, now_ms);
+                        log::debug!(
+                            "autotune: work {:.2?}, poll {:.2?}",
+                            sample.threads.iter().map(|t| t.work).collect::<Vec<_>>(),
+                            sample.threads.iter().map(|t| t.poll).collect::<Vec<_>>()
+                        );
+                        for d in policy.decide(&sample) {
+                            let export = ids.name(d.queue.0).to_string();
+                            let q = d.queue.1;
+                            match state.move_queue(&export, q, d.to) {
+                                Ok(_) => {
+                                    tuning.moves[d.reason as usize].fetch_add(1, Ordering::Relaxed);
+                                    info!(
+                                        "autotune: export {export} queue {q}: IOThread {} -> {} \
+                                         ({}, {:.2} of a core)",
+                                        d.from,
+                                        d.to,
+                                        d.reason.label(),
+                                        d.load
+                                    );
+                                }
+                                Err(e) => {
+                                    tuning.failed.fetch_add(1, Ordering::Relaxed);
+                                    warn!(
+                                        "autotune: export {export} queue {q} to IOThread {} \
+                                         ({}): {e}",
+                                        d.to,
+                                        d.reason.label()
+                                    );
+                                }
+                            }
+                        }
+                    }
+                    prev = Some((now, snap));
+                }
+            })?;
+        Ok(Controller { stop, thread })
+    }
+
+    /// Stops the controller and waits for it (a move in progress finishes).
+    pub(crate) fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.thread.join();
+    }
+}
+
+/// Stable indexes for export names (the policy keys queues by them).
+#[derive(Default)]
+struct QueueIds {
+    names: Vec<String>,
+}
+
+impl QueueIds {
+    fn id(&mut self, name: &str) -> usize {
+        match self.names.iter().position(|n| n == name) {
+            Some(i) => i,
+            None => {
+                self.names.push(name.to_string());
+                self.names.len() - 1
+            }
+        }
+    }
+    fn name(&self, id: usize) -> &str {
+        &self.names[id]
+    }
+}
+
+/// What happened between snapshots `old` and `new`, `dt` seconds apart.
+fn sample(
+    state: &DaemonState,
+    tuning: &Tuning,
+    ids: &mut QueueIds,
+    old: &DaemonSnapshot,
+    new: &DaemonSnapshot,
+    dt: f64,
+    now_ms: u64,
+) -> Sample {
+    let dt = dt.max(1e-3);
+    let threads = new
+        .iothreads
+        .iter()
+        .zip(&old.iothreads)
+        .map(|(n, o)| {
+            let cpu = (n.cpu_seconds - o.cpu_seconds).max(0.0);
+            let poll = (n.poll_seconds - o.poll_seconds).clamp(0.0, cpu);
+            let sleep = (n.sleep_seconds - o.sleep_seconds).max(0.0);
+            // Time neither asleep nor polling is work, whether the thread
+            // ran or waited for a CPU: a thread that never idles is
+            // saturated even on a host that gives it less than a core. Naps
+            // are idle time the counters do not sum, and a sleep is counted
+            // when it ends, so a thread that napped, or did no pass (one
+            // long sleep), or completed nothing counts its CPU time only.
+            let busy = n.naps == o.naps && n.passes > o.passes && n.requests > o.requests;
+            let awake = if busy {
+                (dt - sleep - poll).max(0.0)
+            } else {
+                0.0
+            };
+            ThreadSample {
+                work: ((cpu - poll).max(awake) / dt).min(1.0),
+                poll: poll / dt,
+            }
+        })
+        .collect();
+    // Completed requests per (export, queue), whichever threads served it.
+    let requests = |s: &DaemonSnapshot| {
+        let mut m: HashMap<(String, u16), u64> = HashMap::new();
+        for t in &s.iothreads {
+            for q in &t.queues {
+                *m.entry((q.export.clone(), q.queue)).or_default() += q.requests;
+            }
+        }
+        m
+    };
+    let (before, after) = (requests(old), requests(new));
+    let mut queues = Vec::new();
+    for e in state.exports.lock().unwrap().iter() {
+        let pinned = placed_by_config(&e.config) || !tuning.is_on(&e.name);
+        let map = e.map();
+        let id = ids.id(&e.name);
+        for q in 0..map.num_queues() {
+            let key = (e.name.clone(), q);
+            let done = after.get(&key).copied().unwrap_or(0);
+            let was = before.get(&key).copied().unwrap_or(0);
+            queues.push(QueueSample {
+                id: (id, q),
+                owner: map.thread_of(q),
+                rate: done.saturating_sub(was) as f64 / dt,
+                pinned,
+            });
+        }
+    }
+    Sample {
+        now_ms,
+        threads,
+        queues,
+    }
+}

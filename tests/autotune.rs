@@ -1,0 +1,133 @@
+//! `--iothreads auto` end to end: a libblkio client loads every queue of an
+//! export; the controller spreads the queues over more than one
+//! IOThread; with the load gone it gathers them on one again; `tune` off
+//! leaves them where they are.
+
+mod common;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use blkio::ReqFlags;
+use common::*;
+use serde_json::json;
+use vqblk_daemon::config::{BackendKind, CacheMode, ControlConfig, ServeConfig};
+use vqblk_daemon::control::client::ControlClient;
+use vqblk_daemon::daemon::Daemon;
+
+const QUEUES: usize = 4;
+const QD: usize = 8;
+/// Large buffered reads: the copy is the IOThread's work (io_uring reads
+/// from the page cache inline), so the IOThread, not the client, saturates.
+const BS: usize = 64 << 10;
+
+/// The IOThreads that own a queue of the export now, as the control socket
+/// says.
+fn active(ctl: &Path) -> Vec<u64> {
+    let mut c = ControlClient::connect(ctl).unwrap();
+    let threads = c.call("query-iothreads", json!({})).unwrap();
+    threads
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["active"] == json!(true))
+        .map(|t| t["id"].as_u64().unwrap())
+        .collect()
+}
+
+/// Polls `cond` every 500 ms for at most `limit`.
+fn within(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let t0 = Instant::now();
+    while t0.elapsed() < limit {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    false
+}
+
+#[test]
+fn queues_spread_under_load_gather_when_idle_and_tune_off_freezes_them() {
+    let dir = scratch("autotune");
+    let _ = vqblk_daemon::cli::init_logging("info");
+    let mut e = export(&dir, BackendKind::IoUring, QUEUES as u16, 64 << 20);
+    e.cache = CacheMode::Writeback;
+    e.name = Some("disk".into());
+    let ctl = dir.join("ctl.sock");
+    let mut cfg = ServeConfig {
+        exports: vec![e],
+        control: Some(ControlConfig {
+            socket: ctl.clone(),
+            mode: None,
+        }),
+        ..Default::default()
+    };
+    cfg.iothreads.auto = true;
+    cfg.iothreads.cpuset = Some("0-1".into());
+    let daemon = Daemon::start(&cfg).expect("daemon starts");
+    assert_eq!(active(&ctl), vec![0], "every queue starts on IOThread 0");
+
+    let mut c = Client::connect(&daemon.sockets()[0], QUEUES).unwrap();
+    let mem = c.region.addr;
+    let stop = AtomicBool::new(false);
+    let run = |c: &mut Client, stop: &AtomicBool, phase: &dyn Fn() -> bool| {
+        stop.store(false, Ordering::Relaxed);
+        std::thread::scope(|s| {
+            for (qi, q) in c.queues.iter_mut().enumerate() {
+                s.spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        for k in 0..QD {
+                            let buf = (mem + (qi * QD + k) * BS) as *mut u8;
+                            let off = ((qi * QD + k) * BS) as u64;
+                            q.read(off, buf, BS, k, ReqFlags::empty());
+                        }
+                        let got = Client::wait(q, QD);
+                        assert!(got.iter().all(|&(_, r)| r == 0), "{got:?}");
+                    }
+                });
+            }
+            let ok = phase();
+            stop.store(true, Ordering::Relaxed);
+            ok
+        })
+    };
+
+    // Loaded: IOThread 0 saturates and hands queues to IOThread 1.
+    let spread = run(&mut c, &stop, &|| {
+        within(Duration::from_secs(40), || active(&ctl).len() > 1)
+    });
+    assert!(spread, "the queues stayed on {:?} under load", active(&ctl));
+
+    // Idle: one thread carries nothing just as well.
+    assert!(
+        within(Duration::from_secs(60), || active(&ctl).len() == 1),
+        "the queues stayed on {:?} without load",
+        active(&ctl)
+    );
+    let mut ctlc = ControlClient::connect(&ctl).unwrap();
+    let t = ctlc.call("query-tune", json!({})).unwrap();
+    assert_eq!(t["auto"], json!(true), "{t}");
+    let moves = &t["moves"];
+    assert!(
+        moves["activate"].as_u64().unwrap() + moves["balance"].as_u64().unwrap() > 0,
+        "{t}"
+    );
+    assert!(moves["park"].as_u64().unwrap() > 0, "{t}");
+
+    // Tuning off: the same load moves nothing.
+    ctlc.call("tune", json!({ "export": "disk", "enable": false }))
+        .unwrap();
+    let e = ctlc
+        .call("tune", json!({ "export": "nope", "enable": false }))
+        .unwrap_err();
+    assert!(e.to_string().contains("export"), "{e}");
+    let before = active(&ctl);
+    let moved = run(&mut c, &stop, &|| {
+        within(Duration::from_secs(15), || active(&ctl) != before)
+    });
+    assert!(!moved, "queues moved with tuning off: {:?}", active(&ctl));
+    drop(c);
+    daemon.shutdown();
+}
