@@ -459,10 +459,20 @@ pub fn run_serve(args: ServeArgs) -> i32 {
             // A predecessor that handed its exports over may still hold the
             // address for the moment it takes to stop.
             let deadline = Instant::now() + Duration::from_secs(10);
-            let mut started = MetricsServer::start(addr, daemon.iothread_stats(), daemon.share_board(), cfg.seccomp);
+            let mut started = MetricsServer::start(
+                addr,
+                daemon.iothread_stats(),
+                daemon.share_board(),
+                cfg.seccomp,
+            );
             while started.is_err() && !predecessors.is_empty() && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(20));
-                started = MetricsServer::start(addr, daemon.iothread_stats(), daemon.share_board(), cfg.seccomp);
+                started = MetricsServer::start(
+                    addr,
+                    daemon.iothread_stats(),
+                    daemon.share_board(),
+                    cfg.seccomp,
+                );
             }
             match started {
                 Ok(s) => Some(s),
