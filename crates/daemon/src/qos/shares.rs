@@ -346,15 +346,25 @@ fn split(c: f64, inputs: &[ShareInput], states: &[ExportState]) -> Vec<f64> {
         .zip(&demand)
         .map(|(i, &d)| i.share.reservation.min(d))
         .collect();
-    let mut rest = c - got.iter().sum::<f64>();
-    let mut open: Vec<usize> = (0..inputs.len()).filter(|&k| got[k] < demand[k]).collect();
+    let rest = c - got.iter().sum::<f64>();
+    let weights: Vec<f64> = inputs.iter().map(|i| i.share.weight as f64).collect();
+    water_fill(rest, &weights, &demand, &mut got);
+    got
+}
+
+/// Pours `rest` over the entries of `got` still below their `bound`, in
+/// proportion to `weight`; an entry that reaches its bound gives what it
+/// does not need back to the others (max-min fairness by weight). Also the
+/// simulated device's split among its clients (`sim.rs`).
+pub(crate) fn water_fill(mut rest: f64, weight: &[f64], bound: &[f64], got: &mut [f64]) {
+    let mut open: Vec<usize> = (0..got.len()).filter(|&k| got[k] < bound[k]).collect();
     while rest > 1e-9 && !open.is_empty() {
-        let weights: f64 = open.iter().map(|&k| inputs[k].share.weight as f64).sum();
-        let share = |k: usize| rest * inputs[k].share.weight as f64 / weights;
+        let total: f64 = open.iter().map(|&k| weight[k]).sum();
+        let share = |k: usize| rest * weight[k] / total;
         let full: Vec<usize> = open
             .iter()
             .copied()
-            .filter(|&k| got[k] + share(k) >= demand[k])
+            .filter(|&k| got[k] + share(k) >= bound[k])
             .collect();
         if full.is_empty() {
             for &k in &open {
@@ -363,12 +373,11 @@ fn split(c: f64, inputs: &[ShareInput], states: &[ExportState]) -> Vec<f64> {
             break;
         }
         for &k in &full {
-            rest -= demand[k] - got[k];
-            got[k] = demand[k];
+            rest -= bound[k] - got[k];
+            got[k] = bound[k];
         }
         open.retain(|k| !full.contains(k));
     }
-    got
 }
 
 /// One export's share cap on the data path: a rate the allocator writes and

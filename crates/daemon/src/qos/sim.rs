@@ -16,7 +16,7 @@
 //! to their queue depths, and [`share_scenario`] is its table.
 
 use super::mclock::{ClientParams, Dispatch, MClock, Phase};
-use super::shares::{Interval, Share, ShareAllocator, ShareInput, TICK_NS};
+use super::shares::{water_fill, Interval, Share, ShareAllocator, ShareInput, TICK_NS};
 
 /// A client of the simulated device.
 #[derive(Debug, Clone)]
@@ -391,28 +391,8 @@ fn fluid(capacity: f64, loads: &[Load], caps: &[Option<f64>]) -> Vec<f64> {
         Load::Rate { .. } => 1e9,
     };
     let mut got = vec![0.0; loads.len()];
-    let mut open: Vec<usize> = (0..loads.len()).filter(|&k| bound[k] > 0.0).collect();
-    let mut rest = capacity;
-    while rest > 1e-9 && !open.is_empty() {
-        let depths: f64 = open.iter().map(|&k| depth(&loads[k])).sum();
-        let share = |k: usize| rest * depth(&loads[k]) / depths;
-        let full: Vec<usize> = open
-            .iter()
-            .copied()
-            .filter(|&k| got[k] + share(k) >= bound[k])
-            .collect();
-        if full.is_empty() {
-            for &k in &open {
-                got[k] += share(k);
-            }
-            break;
-        }
-        for &k in &full {
-            rest -= bound[k] - got[k];
-            got[k] = bound[k];
-        }
-        open.retain(|k| !full.contains(k));
-    }
+    let weight: Vec<f64> = loads.iter().map(depth).collect();
+    water_fill(capacity, &weight, &bound, &mut got);
     got
 }
 
