@@ -494,8 +494,16 @@ fn a_reservation_holds_while_a_neighbour_floods() {
             .map(|(s, q)| Client::connect(s, q).unwrap())
             .collect();
         let alone = flood_all(&mut clients[..1])[0];
-        let both = flood_all(&mut clients);
-        let exports = call(&control, "query-exports", json!({})).unwrap();
+        // The caps are read while both flood: once they stop, the allocator
+        // rightly gives the idle neighbour its headroom back.
+        let (both, exports) = std::thread::scope(|s| {
+            let query = s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(1500) + MEASURE / 2);
+                call(&control, "query-exports", json!({})).unwrap()
+            });
+            let both = flood_all(&mut clients);
+            (both, query.join().unwrap())
+        });
         drop(clients);
         drop(daemon);
         (alone, both, exports)
