@@ -89,7 +89,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::throttle::{Admission, Direction, TICKS_PER_NS};
+use super::throttle::{wait_until, Admission, CreditCell, Direction, TICKS_PER_NS};
 use super::SharedThrottle;
 
 /// The allocator's interval.
@@ -443,10 +443,10 @@ impl ShareCap {
         let now = now_ns.saturating_mul(TICKS_PER_NS);
         let over = self
             .empty_at
-            .load(Ordering::Relaxed)
+            .empty_at()
             .saturating_sub(now)
             .saturating_sub(TOLERANCE);
-        (over >= TICKS_PER_NS).then(|| (now + over).div_ceil(TICKS_PER_NS))
+        wait_until(now, over)
     }
 
     /// Accounts one operation admitted at `now_ns`.
@@ -456,13 +456,9 @@ impl ShareCap {
         if interval == 0 {
             return;
         }
-        let now = now_ns.saturating_mul(TICKS_PER_NS);
-        // fetch_update retries on contention; the closure never refuses.
-        let _ = self
-            .empty_at
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |at| {
-                Some(at.max(now).saturating_add(interval))
-            });
+        // The cell of the limits' buckets (`CreditCell`), one interval a request.
+        self.empty_at
+            .charge(now_ns.saturating_mul(TICKS_PER_NS), interval);
     }
 }
 
@@ -496,11 +492,14 @@ impl Gate {
     /// for the head of a queue only.
     pub fn admit(&self, dir: Direction, bytes: u64, now_ns: u64) -> Admission {
         let (throttle, share) = (self.throttle.as_deref(), self.share.as_deref());
-        let by_share = share.and_then(|s| s.check(now_ns));
+        let by_share = share.and_then(|s| {
+            let wait = s.check(now_ns);
+            if wait.is_some() {
+                s.held.fetch_add(1, Ordering::Relaxed);
+            }
+            wait
+        });
         let by_limits = throttle.and_then(|t| t.check(dir, now_ns));
-        if let Some(s) = share.filter(|_| by_share.is_some()) {
-            s.held.fetch_add(1, Ordering::Relaxed);
-        }
         match (by_share, by_limits) {
             (None, None) => {
                 if let Some(t) = throttle {

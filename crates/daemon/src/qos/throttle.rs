@@ -587,8 +587,7 @@ impl Plan {
                 over = over.max(ahead.saturating_sub(BURST_TOLERANCE));
             }
         }
-        // A wait under a nanosecond is none (QEMU truncates waits to whole ns).
-        (over >= TICKS_PER_NS).then(|| (now + over).div_ceil(TICKS_PER_NS))
+        wait_until(now, over)
     }
 
     /// Charges a request of `bytes` to the buckets of `dir` (after
@@ -640,6 +639,14 @@ const BURST: usize = 6;
 
 /// Where a bucket's "empty at" time lives: a `Cell` for one owner, an atomic
 /// for a group shared by IOThreads. One algorithm serves both.
+/// When to ask again (ns) for a cell `over` ticks too full at `now` (ticks);
+/// None: it admits. A wait under a nanosecond is none (QEMU truncates waits
+/// to whole ns).
+#[inline]
+pub(crate) fn wait_until(now: u64, over: u64) -> Option<u64> {
+    (over >= TICKS_PER_NS).then(|| (now + over).div_ceil(TICKS_PER_NS))
+}
+
 pub(crate) trait CreditCell {
     /// The time (ticks) at which the bucket is empty.
     fn empty_at(&self) -> u64;
