@@ -778,17 +778,7 @@ mod tests {
     #[test]
     fn a_fault_elsewhere_still_ends_the_process() {
         use std::os::unix::process::ExitStatusExt;
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "fault::tests::faults_in_a_child",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(CHILD, "1")
-            .output()
-            .unwrap();
+        let out = crate::seccomp::tests::run_in_child("fault::tests::faults_in_a_child", CHILD);
         let (stdout, stderr) = (
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr),

@@ -619,7 +619,7 @@ fn install_sigsys_handler() {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// Runs `f` in a fresh thread under `kind`'s filter, with forbidden calls failing
@@ -671,19 +671,26 @@ mod tests {
         unreachable!("the forbidden call returned");
     }
 
-    #[test]
-    fn a_forbidden_call_is_named_before_the_process_ends() {
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
+    /// Runs the ignored unit test `test` (its full path) alone in a child
+    /// process of this test binary with `env` set, for tests of what ends a
+    /// process (a filter's SIGSYS, a fatal fault); its output.
+    pub(crate) fn run_in_child(test: &str, env: &str) -> std::process::Output {
+        std::process::Command::new(std::env::current_exe().unwrap())
             .args([
                 "--exact",
-                "seccomp::tests::forbidden_call_in_a_child",
+                test,
                 "--ignored",
                 "--nocapture",
                 "--test-threads=1",
             ])
-            .env(CHILD, "1")
+            .env(env, "1")
             .output()
-            .unwrap();
+            .unwrap()
+    }
+
+    #[test]
+    fn a_forbidden_call_is_named_before_the_process_ends() {
+        let out = run_in_child("seccomp::tests::forbidden_call_in_a_child", CHILD);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(159), "{err}");
         assert!(
