@@ -8,6 +8,7 @@
 //! refused: the running daemon keeps the connection.
 
 mod common;
+use common::serve_process::ServeProcess;
 #[path = "common/frontend.rs"]
 mod frontend;
 
@@ -16,7 +17,7 @@ use std::io::{Read, Write};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
 use frontend::*;
@@ -25,9 +26,19 @@ use frontend::*;
 const IMAGE: u64 = 16 << 20;
 
 /// A `vqblk serve` process on a file image with one queue.
-struct Daemon {
-    child: Child,
-    log: PathBuf,
+struct Daemon(ServeProcess);
+
+impl std::ops::Deref for Daemon {
+    type Target = ServeProcess;
+    fn deref(&self) -> &ServeProcess {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Daemon {
+    fn deref_mut(&mut self) -> &mut ServeProcess {
+        &mut self.0
+    }
 }
 
 impl Daemon {
@@ -48,23 +59,16 @@ impl Daemon {
         run: u32,
         extra: &[&str],
     ) -> Daemon {
-        let log = dir.join(format!("daemon-{run}.log"));
-        let child = Command::new(env!("CARGO_BIN_EXE_vqblk"))
-            .arg("serve")
-            .args(disk)
-            .args(["--queues", "1", "--iothreads", "1"])
-            .args(["--poll", "off", "--log-level", "debug", "--socket"])
-            .arg(sock)
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        Daemon { child, log }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        let mut args: Vec<&std::ffi::OsStr> = disk.to_vec();
+        for a in ["--queues", "1", "--iothreads", "1", "--poll", "off"] {
+            args.push(a.as_ref());
+        }
+        for a in ["--log-level", "debug", "--socket"] {
+            args.push(a.as_ref());
+        }
+        args.push(sock.as_os_str());
+        args.extend(extra.iter().map(std::ffi::OsStr::new));
+        Daemon(ServeProcess::spawn(dir, run, args))
     }
 
     /// Waits up to 10 s for `needle` in the log.
@@ -89,13 +93,6 @@ impl Daemon {
             std::thread::sleep(Duration::from_millis(10));
         }
         None
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

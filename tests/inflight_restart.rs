@@ -15,12 +15,12 @@
 //! write is never completed and a GET_ID is executed twice.
 
 mod common;
+use common::serve_process::ServeProcess;
 #[path = "common/frontend.rs"]
 mod frontend;
 
 use std::fs::File;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use frontend::*;
@@ -31,9 +31,19 @@ const T_GET_ID: u32 = 8;
 const LATENCY_NS: u64 = 1_000_000_000;
 
 /// A `vqblk serve` process on a null export with one queue.
-struct Daemon {
-    child: Child,
-    log: PathBuf,
+struct Daemon(ServeProcess);
+
+impl std::ops::Deref for Daemon {
+    type Target = ServeProcess;
+    fn deref(&self) -> &ServeProcess {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Daemon {
+    fn deref_mut(&mut self) -> &mut ServeProcess {
+        &mut self.0
+    }
 }
 
 impl Daemon {
@@ -42,45 +52,36 @@ impl Daemon {
     }
 
     fn start_with(dir: &Path, sock: &Path, run: u32, extra: &[&str]) -> Daemon {
-        let log = dir.join(format!("daemon-{run}.log"));
-        let child = Command::new(env!("CARGO_BIN_EXE_vqblk"))
-            .args([
-                "serve",
-                "--backend",
-                "null",
-                "--size",
-                "16M",
-                "--queues",
-                "1",
-            ])
-            .args(["--iothreads", "1", "--poll", "off", "--log-level", "debug"])
-            .arg("--latency-ns")
-            .arg(LATENCY_NS.to_string())
-            .arg("--socket")
-            .arg(sock)
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        Daemon { child, log }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        let latency = LATENCY_NS.to_string();
+        let mut args = vec![
+            "--backend",
+            "null",
+            "--size",
+            "16M",
+            "--queues",
+            "1",
+            "--iothreads",
+            "1",
+            "--poll",
+            "off",
+            "--log-level",
+            "debug",
+            "--latency-ns",
+            &latency,
+            "--socket",
+        ]
+        .into_iter()
+        .map(std::ffi::OsStr::new)
+        .collect::<Vec<_>>();
+        args.push(sock.as_os_str());
+        args.extend(extra.iter().map(std::ffi::OsStr::new));
+        Daemon(ServeProcess::spawn(dir, run, args))
     }
 
     fn kill(&mut self) {
         // Child::kill sends SIGKILL: no drain, no cleanup, the socket file stays.
         self.child.kill().unwrap();
         self.child.wait().unwrap();
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

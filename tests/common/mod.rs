@@ -13,6 +13,7 @@ use vqblk_daemon::daemon::Daemon;
 
 pub mod ceph;
 pub mod control_socket;
+pub mod serve_process;
 
 /// A scratch directory on a disk file system (O_DIRECT works there, unlike tmpfs).
 pub fn scratch(name: &str) -> PathBuf {
