@@ -56,10 +56,13 @@
 //!    because it asks for less (a light guest) or because of itself (a guest
 //!    at queue depth 1 behind the device's latency). Cutting `C` then only
 //!    takes from its neighbours. So a cut is a probe: if an export that was
-//!    short did not speed up by 5% in the next interval, it is marked
-//!    self-limited (its demand becomes what it does plus headroom) and the
-//!    cut is undone. The mark is dropped when its cap holds it back (it
-//!    wants more than it was given).
+//!    short, and that its new cap did not hold, did not speed up by 5% in
+//!    the next interval, it is marked self-limited (its demand becomes what
+//!    it does plus headroom) and the cut is undone. The mark is dropped when
+//!    its cap holds it back or a later cut speeds it up (it wants more than
+//!    it was given). Whether the device keeps up (step 2) is judged against
+//!    the estimate less the headroom the self-limited exports leave unused,
+//!    so that headroom goes to the others: the split stays work-conserving.
 //! 4. **Split** (water-filling): each export gets its reservation (its
 //!    demand, if less); what `C` leaves is split by weight among the exports
 //!    that want more, and the share an export does not want goes to the
@@ -262,6 +265,31 @@ impl ShareAllocator {
         inputs: &[ShareInput],
     ) -> f64 {
         self.since_cut = self.since_cut.saturating_add(1);
+        if let Some(before) = cut_from {
+            // The last tick cut for the exports that were short: one that
+            // its new cap did not hold and that did not speed up waits on
+            // itself, not on the device, and the cut is undone; one that
+            // did speed up wants more than it was marked at.
+            let mut stuck = false;
+            for (s, i) in states.iter_mut().zip(inputs) {
+                let Some(at) = s.done_at_cut.take() else {
+                    continue;
+                };
+                if !i.seen.held && i.seen.done <= SPED_UP * at {
+                    s.limited_at = Some(i.seen.done);
+                    stuck = true;
+                } else {
+                    s.limited_at = None;
+                }
+            }
+            if stuck {
+                for s in states.iter_mut() {
+                    s.done_at_cut = None;
+                }
+                self.streak = 0;
+                return before;
+            }
+        }
         let short: Vec<usize> = (0..inputs.len())
             .filter(|&k| {
                 let (s, seen) = (&states[k], inputs[k].seen);
@@ -274,7 +302,13 @@ impl ShareAllocator {
             for s in states.iter_mut() {
                 s.done_at_cut = None;
             }
-            if !inputs.iter().any(|i| i.seen.held) || total < SHORT * c {
+            // What the device was offered: the estimate less the headroom
+            // of the exports that wait on themselves.
+            let offered = c - states
+                .iter()
+                .filter_map(|s| Some((s.cap? - s.limited_at?).max(0.0)))
+                .sum::<f64>();
+            if !inputs.iter().any(|i| i.seen.held) || total < SHORT * offered {
                 self.streak = 0;
                 return c;
             }
@@ -292,22 +326,6 @@ impl ShareAllocator {
             };
         }
         self.streak = 0;
-        if let Some(before) = cut_from {
-            // The last tick cut for these exports: those that did not speed
-            // up wait on themselves, not on the device.
-            let mut stuck = false;
-            for &k in &short {
-                let done = inputs[k].seen.done;
-                if states[k].done_at_cut.is_some_and(|at| done <= SPED_UP * at) {
-                    states[k].limited_at = Some(done);
-                    states[k].done_at_cut = None;
-                    stuck = true;
-                }
-            }
-            if stuck {
-                return before;
-            }
-        }
         for &k in &short {
             states[k].done_at_cut = Some(inputs[k].seen.done);
         }
@@ -685,6 +703,46 @@ mod tests {
             let total: f64 = r.served.iter().map(|s| s.done).sum();
             assert!(total >= 0.8 * r.capacity.iops as f64, "idle device {r:?}");
         }
+    }
+
+    /// A heavy export whose own queues cannot take its weighted share (its
+    /// client, not the device, bounds it) gets all it can do, and the light
+    /// one the rest of the device: the split is work-conserving. With the
+    /// heavy one able to use its share, the split is by weight.
+    #[test]
+    fn a_self_bound_export_leaves_the_rest_to_the_others() {
+        let run = |bound: f64| {
+            let clients = vec![
+                ShareClient {
+                    name: "heavy",
+                    share: weight(3),
+                    load: vec![Load::Bound {
+                        qd: 16,
+                        iops: bound,
+                    }],
+                },
+                ShareClient {
+                    name: "light",
+                    share: Share::default(),
+                    load: vec![Load::Flood { qd: 16 }],
+                },
+            ];
+            let phases = [Capacity {
+                secs: 10,
+                iops: 100_000,
+            }];
+            let r = simulate_shares(&clients, &phases, 15).remove(0);
+            (r.served[0].done, r.served[1].done, r)
+        };
+        // Bound below its share of 75K: all it can do, the light one most
+        // of the rest.
+        for bound in [40_000.0, 58_000.0, 65_000.0] {
+            let (heavy, light, r) = run(bound);
+            assert!(heavy >= 0.95 * bound, "{bound}: {r:?}");
+            assert!(light >= 0.75 * (100_000.0 - bound), "{bound}: {r:?}");
+        }
+        let (heavy, light, r) = run(f64::INFINITY);
+        assert!((heavy / light - 3.0).abs() <= 0.3, "{r:?}");
     }
 
     /// A cap is a rate: over a second of requests asked as soon as allowed,
