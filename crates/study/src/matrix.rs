@@ -85,6 +85,11 @@ impl fmt::Display for Cell {
     }
 }
 
+/// The least warm-up of an `auto` run, seconds: the tuner samples about once a
+/// second and moves a queue after a few samples agree (docs/autotune.md), so
+/// a shorter ramp would measure it before it has seen the cell's load.
+pub const AUTO_RAMP_S: f64 = 4.0;
+
 /// What serves the disk in one column of the study.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Setup {
@@ -94,6 +99,9 @@ pub enum Setup {
     Baseline,
     /// vqblk with this many IOThreads.
     IoThreads(u32),
+    /// vqblk with `--iothreads auto`: the pool and the queue placement tuned
+    /// online (docs/autotune.md).
+    Auto,
 }
 
 impl Setup {
@@ -103,15 +111,17 @@ impl Setup {
             Setup::Native => None,
             Setup::Baseline => Some(0),
             Setup::IoThreads(k) => Some(k),
+            Setup::Auto => None,
         }
     }
 
-    /// Short label: `native`, `baseline`, `iothreads=K`.
+    /// Short label: `native`, `baseline`, `iothreads=K`, `auto`.
     pub fn label(self) -> String {
         match self {
             Setup::Native => "native".into(),
             Setup::Baseline => "baseline".into(),
             Setup::IoThreads(k) => format!("iothreads={k}"),
+            Setup::Auto => "auto".into(),
         }
     }
 }
@@ -143,6 +153,8 @@ pub struct Matrix {
     pub iothreads: Vec<u32>,
     /// Whether the baseline is measured.
     pub baseline: bool,
+    /// Whether `--iothreads auto` is measured beside the fixed counts.
+    pub auto: bool,
     /// Default measured time per run, seconds.
     pub runtime_s: f64,
     /// Default warm-up time per run (fio ramp_time), seconds.
@@ -164,7 +176,7 @@ struct MatrixFile {
 
 impl Matrix {
     /// The seeds' matrix: 4 ops x 2k/4k/32k/1m x jobs 1/4/16 x iodepth 1/4/16 x
-    /// IOThreads baseline, 1, 2, 3, 4, 6, 8, 12, 16. 30 s runs, 5 s warm-up.
+    /// IOThreads baseline, 1, 2, 3, 4, 6, 8, 12, 16, auto. 30 s runs, 5 s warm-up.
     pub fn seeds() -> Matrix {
         Matrix {
             ops: Op::ALL.to_vec(),
@@ -173,13 +185,15 @@ impl Matrix {
             iodepth: vec![1, 4, 16],
             iothreads: vec![1, 2, 3, 4, 6, 8, 12, 16],
             baseline: true,
+            auto: true,
             runtime_s: 30.0,
             ramp_s: 5.0,
         }
     }
 
     /// A subset for a 2-core machine: randread, randwrite x 4k, 1m x jobs 1, 4 x
-    /// iodepth 1, 16 x IOThreads baseline, 1, 2, 4; 1 s runs after 0.25 s ramp.
+    /// iodepth 1, 16 x IOThreads baseline, 1, 2, 4, auto; 1 s runs after 0.25 s
+    /// ramp (auto's ramp is longer: [`AUTO_RAMP_S`]).
     pub fn quick() -> Matrix {
         Matrix {
             ops: vec![Op::Randread, Op::Randwrite],
@@ -188,6 +202,7 @@ impl Matrix {
             iodepth: vec![1, 16],
             iothreads: vec![1, 2, 4],
             baseline: true,
+            auto: true,
             runtime_s: 1.0,
             ramp_s: 0.25,
         }
@@ -208,7 +223,8 @@ impl Matrix {
     }
 
     /// Parses a matrix file. Missing keys take the `seeds` values. `iothreads` lists
-    /// counts and optionally `"baseline"`: `iothreads = ["baseline", 1, 2, 4]`.
+    /// counts and optionally `"baseline"` and `"auto"`:
+    /// `iothreads = ["baseline", 1, 2, 4, "auto"]`.
     pub fn from_toml(text: &str) -> anyhow::Result<Matrix> {
         let f: MatrixFile = toml::from_str(text)?;
         let mut m = Matrix::seeds();
@@ -236,12 +252,16 @@ impl Matrix {
         }
         if let Some(list) = f.iothreads {
             m.baseline = false;
+            m.auto = false;
             m.iothreads.clear();
             for v in list {
                 match v {
                     toml::Value::String(s) if s == "baseline" => m.baseline = true,
+                    toml::Value::String(s) if s == "auto" => m.auto = true,
                     toml::Value::Integer(n) if n > 0 => m.iothreads.push(n as u32),
-                    other => bail!("iothreads: {other} is neither \"baseline\" nor a count > 0"),
+                    other => bail!(
+                        "iothreads: {other} is neither \"baseline\", \"auto\" nor a count > 0"
+                    ),
                 }
             }
         }
@@ -273,7 +293,7 @@ impl Matrix {
         {
             bail!("ops, sizes, jobs and iodepth must each list at least one value");
         }
-        if self.iothreads.is_empty() && !self.baseline {
+        if self.iothreads.is_empty() && !self.baseline && !self.auto {
             bail!("iothreads: lists nothing to measure");
         }
         if self.sizes.iter().any(|&s| s == 0 || s % 512 != 0) {
@@ -381,9 +401,15 @@ mod tests {
         assert!(m.baseline);
         assert_eq!(m.runtime_s, 0.5);
         assert_eq!(m.ramp_s, 0.0);
+        assert!(!m.auto, "a list without \"auto\" does not measure it");
         let d = Matrix::from_toml("iothreads = [4]").unwrap();
         assert!(!d.baseline);
         assert_eq!(d.sizes, Matrix::seeds().sizes);
+        let a = Matrix::from_toml("iothreads = [\"auto\"]").unwrap();
+        assert!(a.auto && a.iothreads.is_empty() && !a.baseline);
+        assert_eq!(a.cells().len(), Matrix::seeds().cells().len());
+        assert_eq!(Setup::Auto.label(), "auto");
+        assert_eq!(Setup::Auto.count(), None);
     }
 
     #[test]
@@ -393,6 +419,7 @@ mod tests {
         assert!(e("sizes = [\"3x\"]").contains("3x"));
         assert!(e("sizes = [1000]").contains("512"));
         assert!(e("iothreads = [0]").contains("iothreads"));
+        assert!(e("iothreads = [\"autom\"]").contains("\"auto\""));
         assert!(e("iothreads = []").contains("nothing"));
         assert!(e("colour = 1").contains("colour"));
     }

@@ -90,6 +90,9 @@ pub struct CellMerit {
     pub baseline: Option<Measure>,
     /// Each IOThread count measured.
     pub iothreads: BTreeMap<u32, Measure>,
+    /// `--iothreads auto`, if measured (not one of the counts `best` is
+    /// taken over: it is compared with them).
+    pub auto: Option<Measure>,
     /// Best throughput over the baseline and the IOThread counts.
     pub best: Option<f64>,
     /// Improvement of best over the baseline, percent (>= 0).
@@ -114,7 +117,23 @@ impl CellMerit {
             Setup::Native => self.native.as_ref(),
             Setup::Baseline => self.baseline.as_ref(),
             Setup::IoThreads(k) => self.iothreads.get(&k),
+            Setup::Auto => self.auto.as_ref(),
         }
+    }
+
+    /// `auto`'s throughput / the best fixed count's (baseline included).
+    pub fn auto_vs_best(&self) -> Option<f64> {
+        let best = self.best.filter(|&b| b > 0.0)?;
+        Some(self.auto.as_ref()?.mean / best)
+    }
+
+    /// The fixed count (0 = baseline) with the best throughput.
+    pub fn best_count(&self) -> Option<u32> {
+        let best = self.best?;
+        self.counts()
+            .into_iter()
+            .find(|&(_, v)| v >= best)
+            .map(|(k, _)| k)
     }
 
     /// Virtualized setups in IOThread order: (0 = baseline, mean), (1, mean), ...
@@ -149,6 +168,7 @@ pub fn cell_merit(samples: &BTreeMap<Setup, Vec<f64>>, opts: Options) -> CellMer
         native: None,
         baseline: None,
         iothreads: BTreeMap::new(),
+        auto: None,
         best: None,
         improvement_pct: None,
         min_iothreads: None,
@@ -168,6 +188,7 @@ pub fn cell_merit(samples: &BTreeMap<Setup, Vec<f64>>, opts: Options) -> CellMer
             Setup::IoThreads(k) => {
                 m.iothreads.insert(k, meas);
             }
+            Setup::Auto => m.auto = Some(meas),
         }
     }
     let counts = m.counts();
@@ -227,6 +248,7 @@ pub fn total(cells: &[&CellMerit]) -> TotalMerit {
             .iter()
             .map(|_| Setup::Native)
             .chain(c.baseline.iter().map(|_| Setup::Baseline))
+            .chain(c.auto.iter().map(|_| Setup::Auto))
         {
             per_setup
                 .entry(s)
@@ -503,6 +525,7 @@ mod tests {
             native: None,
             baseline: Some(Measure::of(&[100.0]).unwrap()),
             iothreads: BTreeMap::from([(k.max(1), Measure::of(&[100.0 + imp]).unwrap())]),
+            auto: None,
             best: Some(100.0 + imp),
             improvement_pct: Some(imp),
             min_iothreads: Some(k),

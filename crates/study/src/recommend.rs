@@ -164,6 +164,7 @@ pub fn reasoning(
         Setup::Native => "native".to_string(),
         Setup::Baseline => "0".to_string(),
         Setup::IoThreads(k) => k.to_string(),
+        Setup::Auto => "auto".to_string(),
     };
     let _ = writeln!(
         o,
@@ -194,6 +195,23 @@ pub fn reasoning(
             .unwrap_or_else(|| "n/a".into());
         let noisy = if m.is_noisy() { "  (noisy)" } else { "" };
         let _ = writeln!(o, "{best:>9}{fewest:>8}{noisy}");
+    }
+    let auto: Vec<f64> = cells.iter().filter_map(|(_, m)| m.auto_vs_best()).collect();
+    if let (Some(lo), Some(hi)) = (
+        auto.iter().copied().reduce(f64::min),
+        auto.iter().copied().reduce(f64::max),
+    ) {
+        let reach = auto
+            .iter()
+            .filter(|&&r| r >= threshold * (1.0 - 1e-9))
+            .count();
+        let _ = writeln!(
+            o,
+            "\nauto (`--iothreads auto`, tuned online): {lo:.2} to {hi:.2} of each cell's best fixed count; \
+             it reaches {:.0}% of the best in {reach} of {} cells.",
+            threshold * 100.0,
+            auto.len()
+        );
     }
     let _ = writeln!(
         o,

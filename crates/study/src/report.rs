@@ -409,4 +409,35 @@ mod tests {
             "{csv}"
         );
     }
+
+    #[test]
+    fn auto_is_a_column_compared_with_the_best_fixed_count() {
+        let s = study(&[
+            (Op::Randread, 1, Setup::Baseline, &[100.0, 100.0]),
+            (Op::Randread, 1, Setup::IoThreads(2), &[200.0, 200.0]),
+            (Op::Randread, 1, Setup::Auto, &[190.0, 190.0]),
+            (Op::Write, 1, Setup::Baseline, &[100.0, 100.0]),
+            (Op::Write, 1, Setup::IoThreads(2), &[50.0, 50.0]),
+        ]);
+        let m = &s.merits[&Cell {
+            bs: 2048,
+            op: Op::Randread,
+            jobs: 1,
+            iodepth: 1,
+        }];
+        assert_eq!(m.best, Some(200.0), "auto is not one of the fixed counts");
+        assert_eq!(m.best_count(), Some(2));
+        assert_eq!(m.auto_vs_best(), Some(0.95));
+        let all = tables(&s);
+        let auto = all.last().unwrap();
+        assert_eq!(auto.title, "auto against the best fixed IOThread count");
+        assert_eq!(auto.rows.len(), 1, "only the cell auto was measured in");
+        assert_eq!(auto.rows[0].0[4..8], ["190", "2", "200", "0.95"]);
+        let md = markdown(&s);
+        assert!(
+            md.contains("| 2k | randread | 1 | 1 | 100 | 200 | 190 | 200 |"),
+            "{md}"
+        );
+        assert!(csv(&s).lines().next().unwrap().contains("auto_mb_s"));
+    }
 }

@@ -191,6 +191,7 @@ pub enum Record {
 /// The setup named by a record's `setup` label and `iothreads` field.
 pub fn setup_of(label: &str, iothreads: Option<u32>) -> Setup {
     match (label, iothreads) {
+        ("auto", _) => Setup::Auto,
         ("native", _) | (_, None) => Setup::Native,
         ("baseline", _) | (_, Some(0)) => Setup::Baseline,
         (_, Some(k)) => Setup::IoThreads(k),

@@ -103,6 +103,9 @@ impl Study {
             v.push(Setup::Baseline);
         }
         v.extend(self.counts.iter().map(|&k| Setup::IoThreads(k)));
+        if self.merits.values().any(|m| m.auto.is_some()) {
+            v.push(Setup::Auto);
+        }
         v
     }
 

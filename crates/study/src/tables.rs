@@ -140,6 +140,7 @@ pub fn throughput_table(study: &Study) -> Table {
         Setup::Native => "native".to_string(),
         Setup::Baseline => "0 (baseline)".to_string(),
         Setup::IoThreads(k) => k.to_string(),
+        Setup::Auto => "auto".to_string(),
     }));
     header.push("best".into());
     let mut numeric = vec![false, false, true, true];
@@ -166,9 +167,83 @@ pub fn throughput_table(study: &Study) -> Table {
         title: "Throughput (MB/s)".into(),
         note: format!(
             "Mean of the measured repeats, in MB/s (10^6 bytes/s); {NOISY} = repeats differ by more than {:.0}%. \
-             Columns: native, baseline (0), IOThread counts.",
+             Columns: native, baseline (0), IOThread counts, auto (`--iothreads auto`). \
+             Best is over the baseline and the counts.",
             study.opts.noise * 100.0
         ),
+        header,
+        numeric,
+        rows,
+    }
+}
+
+/// Server CPU time per request of one cell in one column, microseconds.
+fn cpu_us_per_io(study: &Study, cell: &Cell, s: Setup) -> Option<f64> {
+    let e = study.extras(cell, s);
+    let (cpu, iops) = (e.server_cpu_pct?, e.iops?);
+    (iops > 0.0).then(|| cpu / 100.0 / iops * 1e6)
+}
+
+/// `--iothreads auto` against the best fixed count of each cell: throughput
+/// and the server's CPU per request, as ratios (the autotune targets: at
+/// least 0.9x the throughput at no more than 1.1x the CPU per request).
+pub fn auto_table(study: &Study) -> Table {
+    let header: Vec<String> = [
+        "size",
+        "op",
+        "jobs",
+        "iodepth",
+        "auto",
+        "best fixed",
+        "best",
+        "auto/best",
+        "CPU/request auto (us)",
+        "CPU/request best (us)",
+        "CPU ratio",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut numeric = vec![false, false];
+    numeric.extend([true; 9]);
+    let mut rows = Vec::new();
+    for (cell, m) in &study.merits {
+        let Some(auto) = &m.auto else { continue };
+        let best_count = m.best_count();
+        let best_setup = best_count.map(|k| match k {
+            0 => Setup::Baseline,
+            k => Setup::IoThreads(k),
+        });
+        let cpu_auto = cpu_us_per_io(study, cell, Setup::Auto);
+        let cpu_best = best_setup.and_then(|s| cpu_us_per_io(study, cell, s));
+        let us = |v: Option<f64>| v.map(|v| format!("{v:.1}")).unwrap_or_else(|| NA.into());
+        rows.push((
+            vec![
+                size_label(cell.bs),
+                cell.op.to_string(),
+                cell.jobs.to_string(),
+                cell.iodepth.to_string(),
+                mark(Some(fmt_mb(auto.mean)), m.noisy.contains(&Setup::Auto)),
+                best_count.map_or_else(|| NA.into(), |k| k.to_string()),
+                m.best.map(fmt_mb).unwrap_or_else(|| NA.into()),
+                m.auto_vs_best()
+                    .map(|r| format!("{r:.2}"))
+                    .unwrap_or_else(|| NA.into()),
+                us(cpu_auto),
+                us(cpu_best),
+                match (cpu_auto, cpu_best) {
+                    (Some(a), Some(b)) if b > 0.0 => format!("{:.2}", a / b),
+                    _ => NA.into(),
+                },
+            ],
+            false,
+        ));
+    }
+    Table {
+        title: "auto against the best fixed IOThread count".into(),
+        note: "Throughput (MB/s) of `--iothreads auto` and of the cell's best fixed count \
+               (0 = baseline), their ratio, and the server's CPU time per request of each."
+            .into(),
         header,
         numeric,
         rows,
@@ -185,6 +260,9 @@ pub fn tables(study: &Study) -> Vec<Table> {
         v.push(figure_table(study, Figure::RatioToNative));
     }
     v.push(throughput_table(study));
+    if study.merits.values().any(|m| m.auto.is_some()) {
+        v.push(auto_table(study));
+    }
     v
 }
 

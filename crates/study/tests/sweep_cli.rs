@@ -325,6 +325,67 @@ fn qemu_storage_daemon_baseline() {
     assert!(r.runs.iter().all(|x| x.mb_s > 0.0));
 }
 
+/// `auto` is a column of the matrix: its server runs `--iothreads auto`, its
+/// runs ramp long enough for the tuner, and the report and the
+/// recommendation compare it with the best fixed count.
+#[test]
+fn auto_column_is_swept_reported_and_compared() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let m = d.join("auto.toml");
+    std::fs::write(
+        &m,
+        "ops = [\"randread\"]\nsizes = [\"4k\"]\njobs = [2]\niodepth = [4]\n\
+         iothreads = [1, \"auto\"]\nruntime = \"200ms\"\nramp-time = \"50ms\"\n",
+    )
+    .unwrap();
+    let res = d.join("a.jsonl");
+    let (m_s, res_s) = (m.to_str().unwrap(), res.to_str().unwrap());
+    vqblk_ok(
+        d,
+        &[
+            "sweep",
+            "--matrix",
+            m_s,
+            "--results",
+            res_s,
+            "--warmups",
+            "0",
+            "--repeats",
+            "1",
+            "--backend",
+            "null",
+            "--size",
+            "64M",
+        ],
+    );
+    let r = Results::read(&res).unwrap();
+    let auto: Vec<_> = r.servers.iter().filter(|s| s.setup == "auto").collect();
+    assert_eq!(auto.len(), 1, "{:?}", r.servers);
+    assert!(auto[0].argv.join(" ").contains("--iothreads auto"));
+    let run = r
+        .runs
+        .iter()
+        .find(|x| x.setup == "auto")
+        .expect("an auto run");
+    assert!(run.mb_s > 0.0);
+    assert!(
+        run.argv.join(" ").contains("--ramp_time 4000ms"),
+        "{:?}",
+        run.argv
+    );
+    let md = vqblk_ok(d, &["report", res_s]);
+    assert!(
+        md.contains("auto against the best fixed IOThread count"),
+        "{md}"
+    );
+    let rec = vqblk_ok(d, &["recommend", res_s]);
+    assert!(
+        rec.contains("auto (`--iothreads auto`, tuned online):"),
+        "{rec}"
+    );
+}
+
 #[test]
 fn dry_run_applies_the_skip_rule() {
     let dir = tempfile::tempdir().unwrap();
@@ -349,7 +410,7 @@ fn dry_run_applies_the_skip_rule() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains(
-            "144 cells x columns [baseline, iothreads=1, iothreads=2, iothreads=3, iothreads=4]"
+            "144 cells x columns [baseline, iothreads=1, iothreads=2, iothreads=3, iothreads=4, auto]"
         ),
         "{err}"
     );

@@ -15,7 +15,7 @@ use vqblk_daemon::size::{parse_size, size_label};
 
 use super::host::create_image;
 use super::{BaselineKind, SweepArgs};
-use crate::matrix::{fio_duration, parse_duration, Cell, Matrix, Op, Setup};
+use crate::matrix::{fio_duration, parse_duration, Cell, Matrix, Op, Setup, AUTO_RAMP_S};
 use crate::results::Storage;
 
 /// The storage under test.
@@ -286,6 +286,9 @@ fn columns(
     );
     setups.extend(keep.into_iter().map(Setup::IoThreads));
     skipped.extend(skip.into_iter().map(|(k, why)| (Setup::IoThreads(k), why)));
+    if matrix.auto {
+        setups.push(Setup::Auto);
+    }
     (setups, skipped)
 }
 
@@ -340,13 +343,15 @@ impl Plan {
         let (threads, poll) = match setup {
             Setup::Native => return None,
             Setup::Baseline if self.baseline == BaselineKind::QemuStorageDaemon => return None,
-            Setup::Baseline => (1, Some(PollMode::Off)),
-            Setup::IoThreads(k) => (k as usize, self.poll),
+            Setup::Baseline => (Some(1), Some(PollMode::Off)),
+            Setup::IoThreads(k) => (Some(k as usize), self.poll),
+            Setup::Auto => (None, self.poll),
         };
         let mut cmd = ServeCommand {
             socket: Some(self.socket()),
             queues: Some(self.matrix.queues() as u16),
-            iothreads: Some(threads),
+            iothreads: threads,
+            iothreads_auto: setup == Setup::Auto,
             poll,
             log_level: Some(log::LevelFilter::Warn),
             ..Default::default()
@@ -441,8 +446,12 @@ impl Plan {
             "--runtime".into(),
             fio_duration(self.matrix.runtime_s),
         ];
-        if self.matrix.ramp_s > 0.0 {
-            v.extend(["--ramp_time".into(), fio_duration(self.matrix.ramp_s)]);
+        let ramp = match setup {
+            Setup::Auto => self.matrix.ramp_s.max(AUTO_RAMP_S),
+            _ => self.matrix.ramp_s,
+        };
+        if ramp > 0.0 {
+            v.extend(["--ramp_time".into(), fio_duration(ramp)]);
         }
         v.extend(
             [
@@ -481,6 +490,14 @@ impl Plan {
         }
         if let Some(a) = self.server_argv(Setup::Baseline) {
             m.insert("baseline".into(), shell_join(&a));
+        }
+        if self.setups.contains(&Setup::Auto) {
+            if let Some(a) = self.server_argv(Setup::Auto) {
+                m.insert(
+                    "auto".into(),
+                    format!("{} (runs ramp at least {AUTO_RAMP_S} s)", shell_join(&a)),
+                );
+            }
         }
         let pattern = |a: Vec<String>| {
             shell_join(&a)

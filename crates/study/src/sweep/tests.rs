@@ -41,7 +41,8 @@ fn null_plan_has_no_native_and_the_baseline_is_poll_off() {
             Setup::Baseline,
             Setup::IoThreads(1),
             Setup::IoThreads(2),
-            Setup::IoThreads(4)
+            Setup::IoThreads(4),
+            Setup::Auto
         ]
     );
     assert_eq!(p.skipped[0].0, Setup::Native);
@@ -54,6 +55,27 @@ fn null_plan_has_no_native_and_the_baseline_is_poll_off() {
     assert!(b.contains("--queues 4 --iothreads 1 --poll off"), "{b}");
     let s = shell_join(&p.server_argv(Setup::IoThreads(2)).unwrap());
     assert!(s.contains("--iothreads 2") && !s.contains("--poll"), "{s}");
+    let a = shell_join(&p.server_argv(Setup::Auto).unwrap());
+    assert!(
+        a.contains("--iothreads auto") && !a.contains("--poll"),
+        "{a}"
+    );
+    let cell = Cell {
+        bs: 4096,
+        op: Op::Randread,
+        jobs: 1,
+        iodepth: 1,
+    };
+    let ramp = |s| {
+        let argv = p.bench_argv(&cell, s, None);
+        argv[argv.iter().position(|a| a == "--ramp_time").unwrap() + 1].clone()
+    };
+    assert_eq!(ramp(Setup::IoThreads(2)), "250ms");
+    assert_eq!(
+        ramp(Setup::Auto),
+        "4000ms",
+        "the tuner gets time to see the load"
+    );
     let cell = Cell {
         bs: 4096,
         op: Op::Randwrite,
