@@ -17,6 +17,8 @@ Subcommands:
   qos       I/O limits: measured rates against the limits, bursts second by
             second beside qemu-storage-daemon, a throttle group of three, CPU
             per I/O at a limit; reservations and weights on one disk
+  phases    --iothreads auto against fixed IOThread counts on a workload that
+            switches phase (one queue at QD1, four at QD32)
 
 `scripts/bench.py SUBCOMMAND --help` lists each one's options. Every
 subcommand builds `target/release/vqblk` if it is missing.
@@ -27,6 +29,7 @@ import math
 import os
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -978,6 +981,68 @@ def qos(a):
             json.dump(out, f, indent=1, default=str)
 
 
+PHASES_HELP = """--iothreads auto against fixed IOThread counts on a workload that changes.
+
+One daemon per server (4 queues; `--iothreads auto`, and each fixed count of
+--fixed) serves a workload that switches phase every --phase-seconds: one job
+at QD1, then four jobs at QD32 (4k random reads), --cycles times. Each phase
+is one client run whose first --settle seconds are its ramp (not counted), so
+its IOPS are what the server does from --settle seconds after the switch to
+the end of the phase: the autotune target is at least 0.9x the best fixed
+count's IOPS in every phase (docs/autotune.md). The servers run one after the
+other, in an order that rotates every repeat; medians over --repeats.
+"""
+
+PHASES = [("1 queue, QD1", 1, 1), ("4 queues, QD32", 4, 32)]
+
+
+def phases(a):
+    ensure_tools(qsd=False)
+    benchlib.VQBLK = a.vqblk
+    work = tempfile.mkdtemp(prefix="bench-phases-", dir=os.path.join(ROOT, "target"))
+    sock = os.path.join(work, "p.sock")
+    image = None
+    if a.backend == "file":
+        image = os.path.join(work, "p.raw")
+        make_image(image, 1024)
+    servers = [("auto", "auto")] + [(f"iothreads={k}", k) for k in a.fixed.split(",")]
+    out = {"versions": versions(), "args": vars(a), "start": machine_state(), "runs": []}
+    print(f"start: {state_text(out['start'])}", flush=True)
+    for rep in range(a.repeats):
+        order = servers[rep % len(servers):] + servers[:rep % len(servers)]
+        for label, iothreads in order:
+            proc = start_vqblk(a.backend, image, sock, queues=4, iothreads=iothreads)
+            try:
+                wait_socket(sock, proc)
+                for cycle in range(a.cycles):
+                    for name, jobs, depth in PHASES:
+                        r = run_bench(f"unix:{sock}", depth, a.phase_seconds - a.settle, proc.pid,
+                                      numjobs=jobs, ramp=a.settle)
+                        row = {"repeat": rep, "server": label, "cycle": cycle, "phase": name, "iops": r["iops"],
+                               "server_cpu_us_per_io": r["server_cpu_us_per_io"], **machine_state()}
+                        out["runs"].append(row)
+                        print(f"{label} cycle {cycle} {name}: {r['iops']:.0f} IOPS, "
+                              f"{r['server_cpu_us_per_io']:.2f} us/IO ({state_text(row)})", flush=True)
+            finally:
+                stop(proc)
+    print("\n| phase | server | IOPS (median) | server CPU per I/O (us) | IOPS / best fixed |")
+    print("|---|---|---|---|---|")
+    for name, _, _ in PHASES:
+        med = {}
+        for label, _ in servers:
+            runs = [r for r in out["runs"] if r["server"] == label and r["phase"] == name]
+            med[label] = (statistics.median(r["iops"] for r in runs),
+                          statistics.median(r["server_cpu_us_per_io"] for r in runs))
+        best = max(v[0] for k, v in med.items() if k != "auto")
+        for label, (iops, cpu) in med.items():
+            print(f"| {name} | {label} | {iops:.0f} | {cpu:.2f} | {iops / best:.2f} |")
+    out["end"] = machine_state()
+    print(f"\nend: {state_text(out['end'])}")
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(out, f, indent=1, default=str)
+
+
 def parser():
     raw = argparse.RawDescriptionHelpFormatter
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
@@ -1070,6 +1135,14 @@ def parser():
                    help="burst table: the target, in percent of qemu-storage-daemon's second (default 5)")
     p.add_argument("--shares-depth", type=int, default=16,
                    help="shares table: the reserved export's iodepth")
+
+    p = command("phases", PHASES_HELP, phases, 0, 1)
+    p.add_argument("--backend", default="null:20000", help="null:NS or file (default null:20000)")
+    p.add_argument("--fixed", default="1,2", help="the fixed IOThread counts (default 1,2)")
+    p.add_argument("--cycles", type=int, default=2, help="QD1 / QD32 cycles per server (default 2)")
+    p.add_argument("--phase-seconds", type=int, default=20, help="length of a phase (default 20)")
+    p.add_argument("--settle", type=int, default=5,
+                   help="seconds after a switch not counted (default 5: the target's)")
     return ap
 
 

@@ -157,9 +157,10 @@ def spdk_pid(wrapper, timeout=60):
     sys.exit("spdk_tgt did not start")
 
 
-def run_bench(target, iodepth, runtime, server_pid=None, rw="randread", numjobs=1, bs="4k", extra=(), cpus=None):
+def run_bench(target, iodepth, runtime, server_pid=None, rw="randread", numjobs=1, bs="4k", extra=(), cpus=None,
+              ramp=1):
     args = [VQBLK, "bench", "--name", "bench", "--target", target, "--rw", rw, "--bs", bs,
-            "--numjobs", str(numjobs), "--iodepth", str(iodepth), "--runtime", str(runtime), "--ramp_time", "1",
+            "--numjobs", str(numjobs), "--iodepth", str(iodepth), "--runtime", str(runtime), "--ramp_time", str(ramp),
             "--time_based", "--size", "256M", "--group_reporting", "--output-format", "json", *extra]
     cpu0, threads0 = proc_cpu(server_pid) if server_pid else (None, None)
     busy0 = machine_busy_ticks()
