@@ -442,19 +442,60 @@ fn flood_all(clients: &mut [Client]) -> Vec<f64> {
 /// is work-conserving, so an export whose own client does less than its
 /// share alone (its queues at their depth behind a fast device) gets all it
 /// can do (at least 85% of what it did alone) and the other the rest.
+/// The weights are set live (`share-set`), which starts the allocator;
 /// `query-exports` shows the weights and the caps.
 #[test]
 fn weights_split_a_shared_device() {
     let dir = scratch("qos-weights");
-    let exports: Vec<ExportConfig> = [("heavy", 3), ("light", 1)]
+    let exports: Vec<ExportConfig> = ["heavy", "light"]
         .into_iter()
-        .map(|(n, w)| {
-            let mut e = file_export(&dir, n, 2);
-            e.weight = Some(w);
-            e
-        })
+        .map(|n| file_export(&dir, n, 2))
         .collect();
     let (daemon, control) = start_with_control(&dir, exports, vec![]);
+    // A reservation above the export's live limit could never be given.
+    ok(
+        &control,
+        "block_set_io_throttle",
+        json!({"export": "light", "iops-total": 1000}),
+    );
+    let (_, message) = rpc_err(
+        &control,
+        "share-set",
+        json!({"export": "light", "reservation-iops": 2000}),
+    );
+    assert!(
+        message.starts_with("reservation-iops") && message.contains("limit of 1000"),
+        "{message}"
+    );
+    ok(
+        &control,
+        "block_set_io_throttle",
+        json!({"export": "light"}),
+    );
+    for (export, weight) in [("heavy", 3), ("light", 1)] {
+        ok(
+            &control,
+            "share-set",
+            json!({"export": export, "weight": weight}),
+        );
+    }
+    for (params, key) in [
+        (json!({"export": "heavy", "weight": 0}), "weight"),
+        (json!({"export": "heavy", "weight": 10001}), "weight"),
+        (
+            json!({"export": "heavy", "reservation-iops": 20_000_000}),
+            "reservation-iops",
+        ),
+        (json!({"export": "nope", "weight": 2}), "export"),
+        (json!({"export": "heavy", "wieght": 2}), "wieght"),
+    ] {
+        let (code, message) = rpc_err(&control, "share-set", params.clone());
+        assert_eq!(code, -32602, "{params}: {message}");
+        assert!(
+            message.starts_with(key),
+            "{params}: {message:?} names {key}"
+        );
+    }
     let mut clients: Vec<Client> = daemon
         .sockets()
         .iter()

@@ -14,6 +14,7 @@
 //! | `block_set_io_throttle` | `export`, the limit keys of `[export.throttle]` (all 0 or absent: none), or `group` | `{}` |
 //! | `throttle-group-set` | `name`, the limit keys | `{}`: the group is created or changed, its members follow |
 //! | `query-throttle-groups` | none | per group: name, limits, members |
+//! | `share-set` | `export`, `reservation-iops`, `weight` (absent: none) | `{}`: the share allocator uses them from its next tick |
 
 use std::sync::Arc;
 
@@ -37,6 +38,7 @@ pub const METHODS: &[&str] = &[
     "block_set_io_throttle",
     "throttle-group-set",
     "query-throttle-groups",
+    "share-set",
     "tune",
     "query-tune",
 ];
@@ -190,6 +192,14 @@ impl Methods {
                     })
                     .collect();
                 Ok(Value::Array(groups))
+            }
+            "share-set" => {
+                let export = p.req_str("export")?;
+                let reservation = p.u64("reservation-iops", u64::MAX)?;
+                let weight = p.u64("weight", u32::MAX as u64)?.map(|w| w as u32);
+                p.finish(method)?;
+                self.state.set_share(&export, reservation, weight)?;
+                Ok(json!({}))
             }
             "tune" => {
                 let export = p.req_str("export")?;

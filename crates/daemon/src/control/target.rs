@@ -51,6 +51,19 @@ pub trait ControlTarget: Send + Sync {
     fn set_throttle_group(&self, name: &str, limits: ThrottleLimits) -> Result<(), RpcError>;
     /// The throttle groups, in the order they were made.
     fn throttle_groups(&self) -> Vec<ThrottleGroupView>;
+    /// Gives export `export` a reservation and a weight (`share-set`; None:
+    /// none).
+    fn set_share(
+        &self,
+        export: &str,
+        reservation_iops: Option<u64>,
+        weight: Option<u32>,
+    ) -> Result<(), RpcError> {
+        let _ = (export, reservation_iops, weight);
+        Err(RpcError::failed(
+            "reservations and weights are not supported here",
+        ))
+    }
     /// Turns online tuning of `export`'s queues on or off (`tune`).
     fn set_tune(&self, export: &str, on: bool) -> Result<(), RpcError> {
         let _ = (export, on);

@@ -154,6 +154,16 @@ impl ControlTarget for DaemonState {
             .map_err(|e| RpcError::param(&e.field, e.message))
     }
 
+    fn set_share(
+        &self,
+        export: &str,
+        reservation_iops: Option<u64>,
+        weight: Option<u32>,
+    ) -> Result<(), RpcError> {
+        self.set_export_share(export, reservation_iops, weight)
+            .map_err(|e| RpcError::param(&e.field, e.message))
+    }
+
     fn set_throttle_group(&self, name: &str, limits: ThrottleLimits) -> Result<(), RpcError> {
         self.set_group_limits(name, limits)
             .map_err(|e| RpcError::param(&e.field, e.message))

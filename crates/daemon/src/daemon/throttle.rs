@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use super::{DaemonState, ExportRunner};
-use crate::config::{is_group_name, ConfigError};
+use crate::config::{is_group_name, ConfigError, MAX_RESERVED_IOPS, MAX_WEIGHT};
 use crate::iothread::Command;
 use crate::qos::{SharedThrottle, ThrottleLimits};
 
@@ -120,6 +120,62 @@ impl DaemonState {
         };
         runner.limits = new;
         self.apply(runner, throttle);
+        Ok(())
+    }
+
+    /// Gives export `name` a new reservation and weight (`share-set`; None:
+    /// none), checked as the configuration checks them alone, against the
+    /// limits it has now: a weight from 1 to [`MAX_WEIGHT`], a reservation
+    /// no larger than [`MAX_RESERVED_IOPS`] nor than its own or its group's
+    /// IOPS limit. The share allocator reads them at its next tick, and is
+    /// started if it did not run.
+    pub(crate) fn set_export_share(
+        &self,
+        name: &str,
+        reservation_iops: Option<u64>,
+        weight: Option<u32>,
+    ) -> Result<(), ThrottleError> {
+        if let Some(w) = weight.filter(|&w| w == 0 || w > MAX_WEIGHT) {
+            let m = format!("{w} is out of range (1..={MAX_WEIGHT})");
+            return Err(ConfigError::new("weight", m));
+        }
+        let reserved = reservation_iops.unwrap_or(0);
+        if reserved > MAX_RESERVED_IOPS {
+            let m = format!("{reserved} is more than a device does (at most {MAX_RESERVED_IOPS})");
+            return Err(ConfigError::new("reservation-iops", m));
+        }
+        let mut exports = self.exports.lock().unwrap();
+        let runner = exports
+            .iter_mut()
+            .find(|e| e.name == name)
+            .ok_or_else(|| ConfigError::new("export", format!("no export named {name:?}")))?;
+        let cap = match &runner.limits {
+            ExportLimits::Unlimited => None,
+            ExportLimits::Own(l) => l.iops_cap(),
+            ExportLimits::Group(g) => self
+                .groups
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|l| &l.name == g)
+                .and_then(|l| l.limits.iops_cap()),
+        };
+        if let Some(cap) = cap.filter(|&c| reserved > c) {
+            let m = format!(
+                "{reserved} is above the export's IOPS limit of {cap}: it could never be given"
+            );
+            return Err(ConfigError::new("reservation-iops", m));
+        }
+        runner.config.reservation_iops = reservation_iops.filter(|&r| r > 0);
+        runner.config.weight = weight;
+        let shares = runner.config.reservation_iops.is_some() || weight.is_some();
+        drop(exports);
+        if shares {
+            let me = self.me.lock().unwrap().clone();
+            self.shares.start(me, self.seccomp).map_err(|e| {
+                ConfigError::new("export", format!("cannot start the share allocator: {e}"))
+            })?;
+        }
         Ok(())
     }
 
