@@ -16,7 +16,8 @@ use vqblk_daemon::control::client::ControlClient;
     (e.g. export-add's iothread-vq-mapping).\n\nMethods: query-iothreads, query-exports, \
     iothread-set, export-add, export-del, stats-reset, queue-move, block_set_io_throttle \
     (--export db --iops-total 2000 --bps-total 200000000, or --group NAME; no limit clears), \
-    throttle-group-set (--name NAME and limits), query-throttle-groups."
+    throttle-group-set (--name NAME and limits), query-throttle-groups, share-set \
+    (--export db --reservation-iops 3000 --weight 2), tune, query-tune."
 )]
 pub struct CtlArgs {
     /// The daemon's control socket (`vqblk serve --control PATH`).
