@@ -1,5 +1,7 @@
 //! `vqblk top`: a live view of the IOThreads and queues, like `top -H`, built
-//! on the control socket's `query-iothreads` and `query-exports`.
+//! on the control socket's `query-iothreads` and `query-exports` (and
+//! `query-tune`: with `--iothreads auto`, which IOThreads the online tuner
+//! parked and its moves by reason).
 //!
 //! crossterm draws it: it is the terminal layer ratatui itself sits on, well
 //! kept, pure Rust (no curses library to link), and enough for two fixed
@@ -49,6 +51,8 @@ struct Sample {
     at: Instant,
     iothreads: Vec<Value>,
     exports: Vec<Value>,
+    /// `query-tune`'s answer (`auto` false: the pool is not tuned online).
+    tune: Value,
 }
 
 impl Sample {
@@ -58,6 +62,7 @@ impl Sample {
             at: Instant::now(),
             iothreads: list(c.call("query-iothreads", Value::Null)?),
             exports: list(c.call("query-exports", Value::Null)?),
+            tune: c.call("query-tune", Value::Null)?,
         })
     }
 }
@@ -74,6 +79,8 @@ struct ThreadRow {
     hit_pct: Option<f64>,
     naps: f64,
     window_ns: u64,
+    /// Under the online tuner: it owns a queue (false: parked).
+    active: Option<bool>,
 }
 
 /// One queue's line.
@@ -91,6 +98,31 @@ struct QueueRow {
 
 fn num(v: &Value, key: &str) -> f64 {
     v[key].as_f64().unwrap_or(0.0)
+}
+
+/// Is the pool tuned online?
+fn tuned(s: &Sample) -> bool {
+    s.tune["auto"] == Value::Bool(true)
+}
+
+/// The online tuner's line: its budget, the moves that failed and those it
+/// made by reason (None: the pool is not tuned online).
+fn tune_line(tune: &Value) -> Option<String> {
+    if tune["auto"] != Value::Bool(true) {
+        return None;
+    }
+    let moves: Vec<String> = tune["moves"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(reason, n)| format!("{reason} {n}"))
+        .collect();
+    Some(format!(
+        "autotune: max {} active  failed {}  moves: {}",
+        tune["max-active"],
+        tune["failed-moves"],
+        moves.join(" ")
+    ))
 }
 
 /// Rates between two samples (counters that went down, after a
@@ -115,6 +147,7 @@ fn rows(old: &Sample, new: &Sample, sort: Sort) -> (Vec<ThreadRow>, Vec<QueueRow
                 hit_pct: (attempts > 0.0).then(|| delta(o, t, "poll-hits") / attempts * 100.0),
                 naps: delta(o, t, "naps") / dt,
                 window_ns: t["poll-window-ns"].as_u64().unwrap_or(0),
+                active: tuned(new).then(|| t["active"] == Value::Bool(true)),
             }
         })
         .collect();
@@ -153,6 +186,7 @@ fn rows(old: &Sample, new: &Sample, sort: Sort) -> (Vec<ThreadRow>, Vec<QueueRow
 fn screen(
     control: &str,
     (threads, queues): &(Vec<ThreadRow>, Vec<QueueRow>),
+    tune: &Value,
     sort: Sort,
     width: usize,
     height: usize,
@@ -166,19 +200,48 @@ fn screen(
             threads.len(),
             queues.len()
         ),
-        String::new(),
-        format!(
-            "{:>3} {:>7} {:>6} {:>8} {:>7}  {:<8} {:>5} {:>7} {:>9}",
-            "IOT", "TID", "CPU%", "IOPS", "MB/s", "POLL", "HIT%", "NAPS/s", "WINDOW-NS"
-        ),
     ];
+    lines.extend(tune_line(tune));
+    // A STATE column (active or parked) only under the online tuner.
+    let state = |s: &str| match tune_line(tune) {
+        Some(_) => format!(" {s:<6}"),
+        None => String::new(),
+    };
+    lines.push(String::new());
+    lines.push(format!(
+        "{:>3} {:>7} {:>6} {:>8} {:>7}  {:<8} {:>5} {:>7} {:>9}{}",
+        "IOT",
+        "TID",
+        "CPU%",
+        "IOPS",
+        "MB/s",
+        "POLL",
+        "HIT%",
+        "NAPS/s",
+        "WINDOW-NS",
+        state("STATE")
+    ));
     // Room for the IOThreads, then at least the queue header and one queue.
     let thread_room = height.saturating_sub(lines.len() + 3).max(1);
     for t in threads.iter().take(thread_room) {
         let hit = t.hit_pct.map_or("-".into(), |h| format!("{h:.1}"));
+        let active = match t.active {
+            Some(true) => "active",
+            Some(false) => "parked",
+            None => "-",
+        };
         lines.push(format!(
-            "{:>3} {:>7} {:>6.1} {:>8.0} {:>7.1}  {:<8} {:>5} {:>7.0} {:>9}",
-            t.id, t.tid, t.cpu_pct, t.iops, t.mbps, t.mode, hit, t.naps, t.window_ns
+            "{:>3} {:>7} {:>6.1} {:>8.0} {:>7.1}  {:<8} {:>5} {:>7.0} {:>9}{}",
+            t.id,
+            t.tid,
+            t.cpu_pct,
+            t.iops,
+            t.mbps,
+            t.mode,
+            hit,
+            t.naps,
+            t.window_ns,
+            state(active)
         ));
     }
     if threads.len() > thread_room {
@@ -330,6 +393,7 @@ pub fn run(args: TopArgs) -> anyhow::Result<i32> {
         draw(&screen(
             &name,
             &rows(&old, &new, sort),
+            &new.tune,
             sort,
             w as usize,
             h as usize,
@@ -363,6 +427,7 @@ pub fn run(args: TopArgs) -> anyhow::Result<i32> {
             draw(&screen(
                 &name,
                 &rows(&old, &new, sort),
+                &new.tune,
                 sort,
                 w as usize,
                 h as usize,
@@ -392,6 +457,7 @@ mod tests {
                  "bytes-written": 0, "errors": 0},
                 {"queue": 1, "iothread": 1, "requests": q1, "bytes-read": 0,
                  "bytes-written": 0, "errors": 2, "throttled": q1 / 2}]})],
+            tune: json!({"auto": false}),
         }
     }
 
@@ -430,11 +496,50 @@ mod tests {
             .collect();
         new.exports[0]["queues"] = Value::Array(many);
         let r = rows(&sample(t0, 0, 0.0, 0), &new, Sort::Id);
-        let lines = screen("/run/a-rather-long/control.sock", &r, Sort::Id, 80, 24);
+        let untuned = json!({"auto": false});
+        let lines = screen(
+            "/run/a-rather-long/control.sock",
+            &r,
+            &untuned,
+            Sort::Id,
+            80,
+            24,
+        );
         assert_eq!(lines.len(), 24);
         assert!(lines.iter().all(|l| l.chars().count() <= 80));
         assert!(lines[4].starts_with("  0     100"), "{:?}", lines[4]);
-        let tiny = screen("s", &r, Sort::Id, 40, 6);
+        let tiny = screen("s", &r, &untuned, Sort::Id, 40, 6);
         assert!(tiny.len() <= 6 && tiny.iter().all(|l| l.chars().count() <= 40));
+        assert!(!lines
+            .iter()
+            .any(|l| l.contains("autotune") || l.contains("STATE")));
+    }
+
+    /// Under the online tuner: each IOThread's state (active owns a queue,
+    /// parked does not) and a line of the moves by reason, still in 80
+    /// columns.
+    #[test]
+    fn the_tuned_pool_shows_its_state_and_moves() {
+        let t0 = Instant::now();
+        let old = sample(t0, 0, 0.0, 0);
+        let mut new = sample(t0 + Duration::from_secs(1), 10, 1.0, 0);
+        new.iothreads[0]["active"] = json!(true);
+        new.iothreads[1]["active"] = json!(false);
+        new.tune = json!({"auto": true, "max-active": 2, "failed-moves": 1,
+            "moves": {"balance": 3, "activate": 1, "park": 2, "budget": 0}});
+        let r = rows(&old, &new, Sort::Id);
+        assert_eq!(
+            r.0.iter().map(|t| t.active).collect::<Vec<_>>(),
+            vec![Some(true), Some(false)]
+        );
+        let lines = screen("ctl.sock", &r, &new.tune, Sort::Id, 80, 24);
+        assert!(lines.iter().all(|l| l.chars().count() <= 80), "{lines:#?}");
+        assert_eq!(
+            lines[2],
+            "autotune: max 2 active  failed 1  moves: activate 1 balance 3 budget 0 park 2"
+        );
+        assert!(lines[4].ends_with(" STATE "), "{:?}", lines[4]);
+        assert!(lines[5].ends_with(" active"), "{:?}", lines[5]);
+        assert!(lines[6].ends_with(" parked"), "{:?}", lines[6]);
     }
 }

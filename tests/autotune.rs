@@ -1,7 +1,8 @@
 //! `--iothreads auto` end to end: a libblkio client loads every queue of an
 //! export; the controller spreads the queues over more than one
 //! IOThread; with the load gone it gathers them on one again; `tune` off
-//! leaves them where they are.
+//! leaves them where they are. `query-iothreads` and `query-tune`
+//! show the active set and the last moves with their reasons.
 
 mod common;
 
@@ -99,6 +100,28 @@ fn queues_spread_under_load_gather_when_idle_and_tune_off_freezes_them() {
         within(Duration::from_secs(40), || active(&ctl).len() > 1)
     });
     assert!(spread, "the queues stayed on {:?} under load", active(&ctl));
+    // The thread that took queues says why, as the control socket's
+    // last-moves do.
+    let threads = ControlClient::connect(&ctl)
+        .unwrap()
+        .call("query-iothreads", json!({}))
+        .unwrap();
+    let woken = threads
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["id"] != json!(0) && t["active"] == json!(true))
+        .expect("an IOThread besides 0 is active");
+    let m = &woken["last-move"];
+    assert!(
+        m["to"] == woken["id"] || m["from"] == woken["id"],
+        "{woken}"
+    );
+    assert!(
+        m["reason"] == json!("activate") || m["reason"] == json!("balance"),
+        "{woken}"
+    );
+    assert!(m["seconds-ago"].as_u64().unwrap() < 60, "{woken}");
 
     // Idle: one thread carries nothing just as well.
     assert!(
@@ -115,6 +138,7 @@ fn queues_spread_under_load_gather_when_idle_and_tune_off_freezes_them() {
         "{t}"
     );
     assert!(moves["park"].as_u64().unwrap() > 0, "{t}");
+    assert_eq!(t["last-moves"][0]["reason"], json!("park"), "{t}");
 
     // Tuning off: the same load moves nothing.
     ctlc.call("tune", json!({ "export": "disk", "enable": false }))

@@ -463,6 +463,7 @@ pub fn run_serve(args: ServeArgs) -> i32 {
                 addr,
                 daemon.iothread_stats(),
                 daemon.share_board(),
+                daemon.tune_board(),
                 cfg.seccomp,
             );
             while started.is_err() && !predecessors.is_empty() && Instant::now() < deadline {
@@ -471,6 +472,7 @@ pub fn run_serve(args: ServeArgs) -> i32 {
                     addr,
                     daemon.iothread_stats(),
                     daemon.share_board(),
+                    daemon.tune_board(),
                     cfg.seccomp,
                 );
             }

@@ -621,6 +621,12 @@ impl Daemon {
         self.state.shares.board.clone()
     }
 
+    /// What the online tuner has done and which IOThreads it parked, for
+    /// the metrics server (None: the pool is not tuned online).
+    pub fn tune_board(&self) -> Option<Arc<crate::metrics::TuneBoard>> {
+        self.state.tuning.as_ref().map(|t| t.board.clone())
+    }
+
     /// Stops accepting, drains in-flight requests, fsyncs writable images and
     /// removes the sockets.
     pub fn shutdown(mut self) -> DaemonSnapshot {

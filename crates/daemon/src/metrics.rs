@@ -44,11 +44,13 @@ pub struct MetricsServer {
 
 impl MetricsServer {
     /// Binds `addr` (errors come back here, before anything runs) and serves
-    /// the counters of `iothreads` until [`MetricsServer::stop`].
+    /// the counters of `iothreads`, the share allocator's and, when the pool
+    /// is tuned online, the tuner's readings until [`MetricsServer::stop`].
     pub fn start(
         addr: SocketAddr,
         iothreads: Vec<Arc<IoThreadStats>>,
         shares: Arc<ShareBoard>,
+        tune: Option<Arc<TuneBoard>>,
         seccomp: SeccompMode,
     ) -> io::Result<MetricsServer> {
         let listener = TcpListener::bind(addr)?;
@@ -77,7 +79,7 @@ impl MetricsServer {
                     }
                 };
                 let _ = tx.send(Ok(server.clone()));
-                serve(&server, &iothreads, &shares, &stop);
+                serve(&server, &iothreads, &shares, tune.as_deref(), &stop);
             })?;
         let server = rx
             .recv()
@@ -128,6 +130,7 @@ fn serve(
     server: &tiny_http::Server,
     iothreads: &[Arc<IoThreadStats>],
     shares: &ShareBoard,
+    tune: Option<&TuneBoard>,
     stopping: &AtomicBool,
 ) {
     loop {
@@ -146,6 +149,9 @@ fn serve(
                 let snaps: Vec<IoThreadSnapshot> = iothreads.iter().map(|t| t.snapshot()).collect();
                 let mut body = render(&snaps);
                 body.push_str(&render_shares(&shares.reading()));
+                if let Some(t) = tune {
+                    body.push_str(&render_tune(&t.reading()));
+                }
                 tiny_http::Response::from_string(body)
                     .with_header(header("Content-Type", prometheus::TEXT_FORMAT))
             }
@@ -528,22 +534,26 @@ pub struct ShareReading {
     pub devices: Vec<(String, Option<f64>)>,
 }
 
-/// Where the share allocator's thread publishes its [`ShareReading`] for
-/// scrapes and queries (a mutex the data path never takes).
+/// Where a controller thread (the share allocator, the online tuner)
+/// publishes what it decided last, for scrapes and queries: a mutex the data
+/// path never takes.
 #[derive(Debug, Default)]
-pub struct ShareBoard(std::sync::Mutex<ShareReading>);
+pub struct Board<T>(std::sync::Mutex<T>);
 
-impl ShareBoard {
+impl<T: Clone> Board<T> {
     /// Replaces the reading.
-    pub fn publish(&self, reading: ShareReading) {
+    pub fn publish(&self, reading: T) {
         *self.0.lock().unwrap() = reading;
     }
 
     /// The last reading.
-    pub fn reading(&self) -> ShareReading {
+    pub fn reading(&self) -> T {
         self.0.lock().unwrap().clone()
     }
 }
+
+/// The share allocator's board.
+pub type ShareBoard = Board<ShareReading>;
 
 /// The exposition text of the share allocator's reading (nothing without
 /// reservations or weights). A pure function: tested without a server.
@@ -565,6 +575,59 @@ pub fn render_shares(r: &ShareReading) -> String {
         r.devices
             .iter()
             .filter_map(|(d, c)| c.map(|c| gauge(&[("device", d)], c)))
+            .collect(),
+    );
+    let mut out = Vec::new();
+    if let Err(e) = TextEncoder::new().encode(&f.0, &mut out) {
+        error!("metrics: encoding failed: {e}");
+    }
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// What the online tuner of the IOThread pool (`--iothreads auto`,
+/// docs/autotune.md) has done, as its thread publishes it every tick.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TuneReading {
+    /// Queue moves carried out, by reason (every reason, zero included).
+    pub moves: Vec<(&'static str, u64)>,
+    /// Queue moves that failed.
+    pub failed: u64,
+    /// Per IOThread (index = the `iothread` label): it owns a queue
+    /// (active) rather than sleeping without one (parked).
+    pub active: Vec<bool>,
+}
+
+/// The online tuner's board.
+pub type TuneBoard = Board<TuneReading>;
+
+/// The exposition text of the online tuner's reading. A pure function:
+/// tested without a server.
+pub fn render_tune(r: &TuneReading) -> String {
+    let mut f = Families(Vec::new());
+    f.add(
+        "vqblk_autotune_moves_total",
+        "Queue moves the online tuner carried out, by reason: balance, activate \
+         (wake a parked IOThread), park, budget (docs/autotune.md).",
+        MetricType::COUNTER,
+        r.moves
+            .iter()
+            .map(|(reason, n)| counter(&[("reason", reason)], *n as f64))
+            .collect(),
+    );
+    f.add(
+        "vqblk_autotune_failed_moves_total",
+        "Queue moves the online tuner decided that failed.",
+        MetricType::COUNTER,
+        vec![counter(&[], r.failed as f64)],
+    );
+    f.add(
+        "vqblk_iothread_active",
+        "1 if the IOThread owns a queue, 0 if the online tuner parked it (no queue, no CPU).",
+        MetricType::GAUGE,
+        r.active
+            .iter()
+            .enumerate()
+            .map(|(i, &a)| gauge(&[("iothread", &i.to_string())], if a { 1.0 } else { 0.0 }))
             .collect(),
     );
     let mut out = Vec::new();

@@ -4,7 +4,7 @@
 //!
 //! | method | parameters | result |
 //! |---|---|---|
-//! | `query-iothreads` | none | per IOThread: id, thread id, CPUs, polling, counters |
+//! | `query-iothreads` | none | per IOThread: id, thread id, CPUs, polling, counters, `active` (owns a queue); when tuned online, its `last-move` |
 //! | `query-exports` | none | per export: socket, image, backend, connection, limits, reservation, weight and share cap, queues with their IOThread and counters |
 //! | `iothread-set` | `id`, any of `poll`, `poll-max-ns`, `poll-grow`, `poll-shrink`, `poll-weight` | the thread's new polling settings |
 //! | `export-add` | the keys of a TOML `[[export]]` (`name` required) | `{ "name": ... }` |
@@ -15,6 +15,8 @@
 //! | `throttle-group-set` | `name`, the limit keys | `{}`: the group is created or changed, its members follow |
 //! | `query-throttle-groups` | none | per group: name, limits, members |
 //! | `share-set` | `export`, `reservation-iops`, `weight` (absent: none) | `{}`: the share allocator uses them from its next tick |
+//! | `tune` | `export`, `enable` | `{}`: the online tuner moves the export's queues, or leaves them |
+//! | `query-tune` | none | `auto`; when tuned: the budget, the exports tuned, moves by reason, failed moves, the last moves |
 
 use std::sync::Arc;
 
@@ -230,6 +232,7 @@ impl Methods {
                         "moves": t.moves.iter().map(|(r, n)| (r.to_string(), json!(n)))
                             .collect::<Map<String, Value>>(),
                         "failed-moves": t.failed,
+                        "last-moves": t.recent.iter().map(move_json).collect::<Vec<_>>(),
                     }),
                 })
             }
@@ -248,6 +251,7 @@ impl Methods {
     fn query_iothreads(&self) -> Value {
         let stats = self.stats();
         let exports = self.state.exports();
+        let tune = self.state.tune();
         let threads: Vec<Value> = stats
             .iothreads
             .iter()
@@ -267,7 +271,7 @@ impl Methods {
                 let bytes = |f: fn(&crate::stats::QueueSnapshot) -> u64| {
                     s.queues.iter().map(f).sum::<u64>()
                 };
-                json!({
+                let mut v = json!({
                     "id": id,
                     "name": s.name,
                     "active": !owned.is_empty(),
@@ -295,7 +299,17 @@ impl Methods {
                     "nap-late-ns": s.nap_late_ns,
                     "nap-cpu-ns": s.nap_cpu_ns,
                     "queues": owned,
-                })
+                });
+                if let Some(t) = &tune {
+                    // Under the online tuner: the last move that woke,
+                    // relieved or parked this thread, and why.
+                    v["last-move"] = t
+                        .recent
+                        .iter()
+                        .find(|m| m.from == id || m.to == id)
+                        .map_or(Value::Null, move_json);
+                }
+                v
             })
             .collect();
         Value::Array(threads)
@@ -522,6 +536,19 @@ fn backend_name(b: BackendKind) -> &'static str {
         BackendKind::Null => "null",
         BackendKind::Rbd => "rbd",
     }
+}
+
+/// A queue move of the online tuner as the control socket shows it.
+fn move_json(m: &super::TunerMove) -> Value {
+    json!({
+        "export": m.export,
+        "queue": m.queue,
+        "from": m.from,
+        "to": m.to,
+        "reason": m.reason,
+        "load": (m.load * 100.0).round() / 100.0,
+        "seconds-ago": m.age.as_secs(),
+    })
 }
 
 /// A polling setting as the control socket shows it.

@@ -38,6 +38,7 @@ use crate::seccomp::{SeccompMode, ThreadKind};
 pub use methods::METHODS;
 pub use target::{
     ControlTarget, ExportView, IoThreadView, QueueMoved, ShareView, ThrottleGroupView, TuneView,
+    TunerMove,
 };
 
 /// Longest request line, bytes (1 MiB): a longer one is refused and its

@@ -88,6 +88,27 @@ pub struct TuneView {
     pub moves: Vec<(&'static str, u64)>,
     /// Queue moves that failed.
     pub failed: u64,
+    /// The last queue moves carried out, newest first.
+    pub recent: Vec<TunerMove>,
+}
+
+/// One queue move the online tuner carried out.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TunerMove {
+    /// The export.
+    pub export: String,
+    /// Its virtqueue.
+    pub queue: u16,
+    /// The IOThread that served it.
+    pub from: usize,
+    /// The IOThread that serves it since.
+    pub to: usize,
+    /// Why (`balance`, `activate`, `park`, `budget`).
+    pub reason: &'static str,
+    /// The load it carried, in cores.
+    pub load: f64,
+    /// How long ago.
+    pub age: Duration,
 }
 
 /// One throttle group.

@@ -3,12 +3,14 @@
 //! counters (CPU and polling time, each queue's completed requests), hands
 //! the policy a [`Sample`], and carries out its decisions with the live
 //! `queue-move` ([`DaemonState::move_queue`]), logging and counting each
-//! with its reason. Queues placed by the configuration (`iothreads` or
+//! with its reason and keeping the last few for the control socket; each
+//! tick it publishes the counts and which IOThreads own a queue for the
+//! metrics ([`TuneBoard`]). Queues placed by the configuration (`iothreads` or
 //! `iothread-vq-mapping` of an export) and the queues of an export whose
 //! tuning the `tune` method turned off are shown to the policy as pinned:
 //! they load their thread but never move.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
@@ -20,12 +22,18 @@ use log::{error, info, warn};
 use super::DaemonState;
 use crate::autotune::{AutoTune, Params, QueueSample, Reason, Sample, ThreadSample};
 use crate::config::ExportPlan;
+use crate::control::TunerMove;
 use crate::mapping::VirtqueueMap;
+use crate::metrics::{TuneBoard, TuneReading};
 use crate::seccomp::{SeccompMode, ThreadKind};
 use crate::stats::DaemonSnapshot;
 
 /// How often the controller samples and decides.
 const TICK: Duration = Duration::from_secs(1);
+
+/// How many of the last moves the control socket shows: enough to see the
+/// last convergence (a pegged thread wakes up to three at once).
+const RECENT: usize = 8;
 
 /// The tuner's state shared with the control socket and the metrics.
 #[derive(Debug)]
@@ -38,6 +46,10 @@ pub(crate) struct Tuning {
     moves: [AtomicU64; Reason::ALL.len()],
     /// Moves that failed (the queue stayed, or moves once its drain ends).
     failed: AtomicU64,
+    /// The last [`RECENT`] moves carried out, oldest first.
+    recent: Mutex<VecDeque<(Instant, TunerMove)>>,
+    /// What the metrics show, published every tick.
+    pub(crate) board: Arc<TuneBoard>,
 }
 
 impl Tuning {
@@ -47,6 +59,8 @@ impl Tuning {
             off: Mutex::new(HashSet::new()),
             moves: Default::default(),
             failed: AtomicU64::new(0),
+            recent: Mutex::new(VecDeque::with_capacity(RECENT)),
+            board: Arc::default(),
         }
     }
 
@@ -78,6 +92,53 @@ impl Tuning {
     pub(crate) fn failed(&self) -> u64 {
         self.failed.load(Ordering::Relaxed)
     }
+
+    /// Counts move `m`, carried out, and keeps it among the recent ones.
+    fn moved(&self, reason: Reason, m: TunerMove) {
+        self.moves[reason as usize].fetch_add(1, Ordering::Relaxed);
+        let mut recent = self.recent.lock().unwrap();
+        if recent.len() == RECENT {
+            recent.pop_front();
+        }
+        recent.push_back((Instant::now(), m));
+    }
+
+    /// The last moves carried out, newest first, with their age.
+    pub(crate) fn recent(&self) -> Vec<TunerMove> {
+        let recent = self.recent.lock().unwrap();
+        recent
+            .iter()
+            .rev()
+            .map(|(at, m)| TunerMove {
+                age: at.elapsed(),
+                ..m.clone()
+            })
+            .collect()
+    }
+
+    /// Publishes the counts and `active`, each IOThread's state, for scrapes.
+    fn publish(&self, active: Vec<bool>) {
+        self.board.publish(TuneReading {
+            moves: self.moves(),
+            failed: self.failed(),
+            active,
+        });
+    }
+}
+
+/// Per IOThread of the pool: does it own a queue of an export (active), or
+/// is it parked?
+fn active(state: &DaemonState) -> Vec<bool> {
+    let mut active = vec![false; state.iothreads.len()];
+    for e in state.exports.lock().unwrap().iter() {
+        let map = e.map();
+        for q in 0..map.num_queues() {
+            if let Some(a) = active.get_mut(map.thread_of(q)) {
+                *a = true;
+            }
+        }
+    }
+    active
 }
 
 /// The initial placement of an export the policy may move: every queue on
@@ -122,6 +183,7 @@ impl Controller {
                 let mut ids = QueueIds::default();
                 let t0 = Instant::now();
                 let mut prev: Option<(Instant, DaemonSnapshot)> = None;
+                tuning.publish(active(&state));
                 loop {
                     match rx.recv_timeout(TICK) {
                         Err(RecvTimeoutError::Timeout) => {}
@@ -143,7 +205,18 @@ impl Controller {
                             let q = d.queue.1;
                             match state.move_queue(&export, q, d.to) {
                                 Ok(_) => {
-                                    tuning.moves[d.reason as usize].fetch_add(1, Ordering::Relaxed);
+                                    tuning.moved(
+                                        d.reason,
+                                        TunerMove {
+                                            export: export.clone(),
+                                            queue: q,
+                                            from: d.from,
+                                            to: d.to,
+                                            reason: d.reason.label(),
+                                            load: d.load,
+                                            age: Duration::ZERO,
+                                        },
+                                    );
                                     info!(
                                         "autotune: export {export} queue {q}: IOThread {} -> {} \
                                          ({}, {:.2} of a core)",
@@ -165,6 +238,9 @@ impl Controller {
                             }
                         }
                     }
+                    // Every tick, not only after a move: a queue-move or
+                    // an export added or removed changes the set too.
+                    tuning.publish(active(&state));
                     prev = Some((now, snap));
                 }
             })?;
@@ -268,5 +344,50 @@ fn sample(
         now_ms,
         threads,
         queues,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn a_move(queue: u16, from: usize, to: usize) -> TunerMove {
+        TunerMove {
+            export: "db".into(),
+            queue,
+            from,
+            to,
+            reason: Reason::Balance.label(),
+            load: 0.3,
+            age: Duration::ZERO,
+        }
+    }
+
+    /// Moves are counted by reason, the last few kept newest first, and a
+    /// tick publishes the counts with the active set for the metrics.
+    #[test]
+    fn moves_are_counted_kept_and_published() {
+        let t = Tuning::new(Params::default());
+        for q in 0..RECENT as u16 + 2 {
+            t.moved(Reason::Balance, a_move(q, 0, 1));
+        }
+        t.moved(Reason::Park, a_move(99, 1, 0));
+        let recent = t.recent();
+        assert_eq!(recent.len(), RECENT);
+        assert_eq!((recent[0].queue, recent[0].from), (99, 1), "newest first");
+        assert_eq!(recent[RECENT - 1].queue, 3, "the oldest were dropped");
+        t.failed.fetch_add(1, Ordering::Relaxed);
+        t.publish(vec![true, false]);
+        let r = t.board.reading();
+        assert_eq!(
+            r.moves,
+            vec![
+                ("balance", RECENT as u64 + 2),
+                ("activate", 0),
+                ("park", 1),
+                ("budget", 0)
+            ]
+        );
+        assert_eq!((r.failed, r.active), (1, vec![true, false]));
     }
 }

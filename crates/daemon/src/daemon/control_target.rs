@@ -55,6 +55,7 @@ impl ControlTarget for DaemonState {
                 .collect(),
             moves: t.moves(),
             failed: t.failed(),
+            recent: t.recent(),
         })
     }
 

@@ -160,3 +160,31 @@ fn render_share_caps_and_estimates() {
     assert!(text.contains("# TYPE vqblk_device_capacity_estimate_iops gauge"));
     assert!(!text.contains(r#"device="rbd""#), "{text}");
 }
+
+/// The online tuner's moves by reason and failed moves are counters, each
+/// IOThread's state a 0/1 gauge.
+#[test]
+fn render_tune_moves_and_active_set() {
+    let text = render_tune(&TuneReading {
+        moves: vec![("balance", 3), ("activate", 1), ("park", 2), ("budget", 0)],
+        failed: 1,
+        active: vec![true, false, true],
+    });
+    for (reason, v) in [("balance", 3), ("activate", 1), ("park", 2), ("budget", 0)] {
+        assert!(
+            line(
+                &text,
+                &format!(r#"vqblk_autotune_moves_total{{reason="{reason}"}}"#)
+            )
+            .ends_with(&format!(" {v}")),
+            "{text}"
+        );
+    }
+    assert!(line(&text, "vqblk_autotune_failed_moves_total ").ends_with(" 1"));
+    assert!(line(&text, r#"vqblk_iothread_active{iothread="0"}"#).ends_with(" 1"));
+    assert!(line(&text, r#"vqblk_iothread_active{iothread="1"}"#).ends_with(" 0"));
+    assert!(line(&text, r#"vqblk_iothread_active{iothread="2"}"#).ends_with(" 1"));
+    assert!(text.contains("# TYPE vqblk_autotune_moves_total counter"));
+    assert!(text.contains("# TYPE vqblk_autotune_failed_moves_total counter"));
+    assert!(text.contains("# TYPE vqblk_iothread_active gauge"));
+}
