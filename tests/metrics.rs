@@ -33,7 +33,12 @@ impl Serve {
     fn start_with(dir: &Path, queues: u16, env: &[(&str, &Path)], extra: &[&str]) -> Serve {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_vqblk"));
         cmd.args(["serve", "--backend", "null", "--size", "64M"])
-            .args(["--queues", &queues.to_string(), "--iothreads", "2"])
+            .args(["--queues", &queues.to_string()])
+            .args(if extra.contains(&"--iothreads") {
+                &[][..]
+            } else {
+                &["--iothreads", "2"][..]
+            })
             .args(["--metrics", "127.0.0.1:0", "--log-level", "warn"])
             .arg("--socket")
             .arg(dir.join("disk.sock"))
@@ -282,6 +287,50 @@ fn in_flight_gauge_and_latency_buckets() {
     assert_eq!(bucket("0.2"), N as f64, "{text}");
     let mean = sum(&s, "vqblk_request_duration_seconds_sum", &[]) / N as f64;
     assert!((0.12..0.2).contains(&mean), "mean latency {mean}");
+}
+
+/// With `--iothreads auto` the scrape shows the tuner: which IOThreads are
+/// active (one owns the queues of a fresh export, the other is parked) and
+/// its moves by reason; a pool that is not tuned has none of these.
+#[test]
+fn a_tuned_pool_shows_its_active_set_and_moves() {
+    let dir = scratch("metrics-tuned");
+    let d = Serve::start_with(&dir, 2, &[], &["--iothreads", "auto"]);
+    let addr = d.metrics_addr();
+    let mut text = String::new();
+    // The tuner publishes when it starts and then once a second.
+    for _ in 0..100 {
+        text = get(addr, "/metrics").1;
+        if text.contains("vqblk_iothread_active{") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    promtool_check(&text);
+    let s = samples(&text);
+    let active = |t: &str| {
+        s.get(&format!("vqblk_iothread_active{{iothread=\"{t}\"}}"))
+            .copied()
+    };
+    assert_eq!(active("0"), Some(1.0), "{text}");
+    assert_eq!(active("1"), Some(0.0), "{text}");
+    for reason in ["balance", "activate", "park", "budget"] {
+        assert!(
+            s.contains_key(&format!(
+                "vqblk_autotune_moves_total{{reason=\"{reason}\"}}"
+            )),
+            "{reason}: {text}"
+        );
+    }
+    assert!(
+        s.contains_key("vqblk_autotune_failed_moves_total"),
+        "{text}"
+    );
+    drop(d);
+    let fixed = Serve::start(&dir, 2, &[]);
+    let text = get(fixed.metrics_addr(), "/metrics").1;
+    assert!(!text.contains("vqblk_autotune_"), "{text}");
+    assert!(!text.contains("vqblk_iothread_active"), "{text}");
 }
 
 /// With NOTIFY_SOCKET set, the daemon sends READY=1 once its sockets listen,
