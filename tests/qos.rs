@@ -25,6 +25,9 @@ const SIZE: u64 = 64 << 20;
 const QD: usize = 8;
 const WARMUP: Duration = Duration::from_millis(700);
 const MEASURE: Duration = Duration::from_millis(2000);
+/// The warm-up of [`flood_all`]: long enough for the share allocator (100 ms
+/// ticks) to measure the device and set the caps.
+const FLOOD_WARMUP: Duration = Duration::from_millis(1500);
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Op {
@@ -409,7 +412,7 @@ fn file_export(dir: &Path, name: &str, queues: u16) -> ExportConfig {
 /// enough for the share allocator to measure the device and set the caps
 /// (it ticks every 100 ms): each client's IOPS.
 fn flood_all(clients: &mut [Client]) -> Vec<f64> {
-    let warmup = Duration::from_millis(1500);
+    let warmup = FLOOD_WARMUP;
     std::thread::scope(|s| {
         let handles: Vec<Vec<_>> = clients
             .iter_mut()
@@ -431,6 +434,20 @@ fn flood_all(clients: &mut [Client]) -> Vec<f64> {
             .into_iter()
             .map(|h| h.into_iter().map(|h| h.join().unwrap().iops()).sum())
             .collect()
+    })
+}
+
+/// [`flood_all`], and `query-exports` in the middle of the measured part:
+/// the caps are read while the clients flood, since once they stop the
+/// allocator rightly gives an idle export its headroom back.
+fn flood_all_and_query(clients: &mut [Client], control: &Path) -> (Vec<f64>, Value) {
+    std::thread::scope(|s| {
+        let query = s.spawn(|| {
+            std::thread::sleep(FLOOD_WARMUP + MEASURE / 2);
+            call(control, "query-exports", json!({})).unwrap()
+        });
+        let m = flood_all(clients);
+        (m, query.join().unwrap())
     })
 }
 
@@ -502,15 +519,7 @@ fn weights_split_a_shared_device() {
         .map(|s| Client::connect(s, 2).unwrap())
         .collect();
     let alone = flood_all(&mut clients[..1])[0];
-    // The shares are read while both flood.
-    let (m, exports) = std::thread::scope(|s| {
-        let query = s.spawn(|| {
-            std::thread::sleep(Duration::from_millis(1500) + MEASURE / 2);
-            call(&control, "query-exports", json!({})).unwrap()
-        });
-        let m = flood_all(&mut clients);
-        (m, query.join().unwrap())
-    });
+    let (m, exports) = flood_all_and_query(&mut clients, &control);
     let both = m[0] + m[1];
     let want = (2.0 / 3.0 * both).min(0.85 * alone);
     assert!(
@@ -555,16 +564,7 @@ fn a_reservation_holds_while_a_neighbour_floods() {
             .map(|(s, q)| Client::connect(s, q).unwrap())
             .collect();
         let alone = flood_all(&mut clients[..1])[0];
-        // The caps are read while both flood: once they stop, the allocator
-        // rightly gives the idle neighbour its headroom back.
-        let (both, exports) = std::thread::scope(|s| {
-            let query = s.spawn(|| {
-                std::thread::sleep(Duration::from_millis(1500) + MEASURE / 2);
-                call(&control, "query-exports", json!({})).unwrap()
-            });
-            let both = flood_all(&mut clients);
-            (both, query.join().unwrap())
-        });
+        let (both, exports) = flood_all_and_query(&mut clients, &control);
         drop(clients);
         drop(daemon);
         (alone, both, exports)

@@ -58,12 +58,7 @@ pub trait ControlTarget: Send + Sync {
         export: &str,
         reservation_iops: Option<u64>,
         weight: Option<u32>,
-    ) -> Result<(), RpcError> {
-        let _ = (export, reservation_iops, weight);
-        Err(RpcError::failed(
-            "reservations and weights are not supported here",
-        ))
-    }
+    ) -> Result<(), RpcError>;
     /// Turns online tuning of `export`'s queues on or off (`tune`).
     fn set_tune(&self, export: &str, on: bool) -> Result<(), RpcError> {
         let _ = (export, on);
