@@ -40,19 +40,26 @@ pub struct Storage {
     pub path: Option<PathBuf>,
     /// Capacity in bytes.
     pub bytes: u64,
+    /// The null backend's completion delay (`--latency-ns`), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_ns: Option<u64>,
 }
 
 impl Storage {
     /// One line for a report.
     pub fn describe(&self) -> String {
-        match &self.path {
-            Some(p) => format!(
+        match (&self.path, self.latency_ns) {
+            (Some(p), _) => format!(
                 "{} {} ({} bytes, O_DIRECT)",
                 self.kind,
                 p.display(),
                 self.bytes
             ),
-            None => format!(
+            (None, Some(ns)) => format!(
+                "{} backend, {} bytes, every request completed after {ns} ns (a device's latency, no device's limits)",
+                self.kind, self.bytes
+            ),
+            (None, None) => format!(
                 "{} backend, {} bytes (no device: measures the software path only)",
                 self.kind, self.bytes
             ),

@@ -61,6 +61,11 @@ pub struct SweepArgs {
     /// Size of the null device.
     #[arg(long, default_value = "1G")]
     pub size: String,
+    /// With `--backend null`: complete every request this many nanoseconds
+    /// after it arrives (a device's latency without a device's limits; qsd's
+    /// null-co `latency-ns`).
+    #[arg(long, value_name = "NS", requires = "backend")]
+    pub latency_ns: Option<u64>,
     /// `seeds` (the seeds' full matrix), `quick` (minutes on 2 cores) or a TOML file
     /// with keys ops, sizes, jobs, iodepth, iothreads, runtime, ramp-time.
     #[arg(long, default_value = "quick")]

@@ -25,6 +25,8 @@ pub enum Target {
     Null {
         /// Capacity.
         bytes: u64,
+        /// Completion delay of every request (`--latency-ns`; 0: none).
+        latency_ns: u64,
     },
     /// A raw image file.
     Image {
@@ -62,13 +64,17 @@ impl Target {
             kind: kind.into(),
             path,
             bytes: self.bytes(),
+            latency_ns: match self {
+                Target::Null { latency_ns, .. } => Some(*latency_ns).filter(|&n| n > 0),
+                _ => None,
+            },
         }
     }
 
     /// Capacity in bytes.
     pub fn bytes(&self) -> u64 {
         match self {
-            Target::Null { bytes }
+            Target::Null { bytes, .. }
             | Target::Image { bytes, .. }
             | Target::Device { bytes, .. }
             | Target::Rbd { bytes, .. } => *bytes,
@@ -243,6 +249,7 @@ fn target_of(args: &SweepArgs, matrix: &Matrix) -> anyhow::Result<Target> {
         (None, Some(p), None) => device_target(p, matrix, args.force)?,
         (None, None, Some(_)) => Target::Null {
             bytes: parse_size(&args.size).context("--size")?,
+            latency_ns: args.latency_ns.unwrap_or(0),
         },
         _ => bail!("give the storage: --image PATH, --device PATH or --backend null"),
     };
@@ -357,9 +364,10 @@ impl Plan {
             ..Default::default()
         };
         match &self.target {
-            Target::Null { bytes } => {
+            Target::Null { bytes, latency_ns } => {
                 cmd.backend = Some(BackendKind::Null);
                 cmd.size = Some(*bytes);
+                cmd.latency_ns = Some(*latency_ns).filter(|&n| n > 0);
             }
             Target::Image { path, .. } | Target::Device { path, .. } => {
                 cmd.image = Some(path.clone());
@@ -378,9 +386,12 @@ impl Plan {
     /// IOThread, io_uring, O_DIRECT.
     fn qsd_argv(&self) -> Vec<OsString> {
         let blockdev = match &self.target {
-            Target::Null { bytes } => {
-                format!("driver=null-co,node-name=d,size={bytes},read-zeroes=on")
-            }
+            Target::Null { bytes, latency_ns } => match latency_ns {
+                0 => format!("driver=null-co,node-name=d,size={bytes},read-zeroes=on"),
+                ns => format!(
+                    "driver=null-co,node-name=d,size={bytes},read-zeroes=on,latency-ns={ns}"
+                ),
+            },
             Target::Image { path, .. } => format!(
                 "driver=file,node-name=d,filename={},cache.direct=on,aio=io_uring",
                 path.display()

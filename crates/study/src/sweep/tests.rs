@@ -157,6 +157,51 @@ fn qsd_baseline_command() {
         .ends_with("writable=on,num-queues=4,iothread=iot0"));
 }
 
+/// `--latency-ns` gives the null backend a device's latency, in vqblk and in
+/// qemu-storage-daemon's null-co alike, and the header records it.
+#[test]
+fn null_latency_reaches_every_server_and_the_header() {
+    let p = Plan::new(
+        &args(&["--backend", "null", "--latency-ns", "50000"]),
+        "/x/vqblk".into(),
+        2,
+    )
+    .unwrap();
+    for s in [Setup::Baseline, Setup::IoThreads(2), Setup::Auto] {
+        let a = shell_join(&p.server_argv(s).unwrap());
+        assert!(a.contains("--latency-ns 50000"), "{a}");
+    }
+    let st = p.target.storage();
+    assert_eq!(st.latency_ns, Some(50000));
+    assert!(
+        st.describe().contains("after 50000 ns"),
+        "{}",
+        st.describe()
+    );
+    let q = Plan::new(
+        &args(&[
+            "--backend",
+            "null",
+            "--latency-ns",
+            "50000",
+            "--baseline",
+            "qemu-storage-daemon",
+        ]),
+        "/x/vqblk".into(),
+        2,
+    )
+    .unwrap();
+    let b = q.server_argv(Setup::Baseline).unwrap();
+    assert!(
+        b[2].to_str().unwrap().ends_with(",latency-ns=50000"),
+        "{b:?}"
+    );
+    let e = P::try_parse_from(["sweep", "--results", "/dev/null", "--latency-ns", "5"])
+        .err()
+        .expect("--latency-ns needs --backend null");
+    assert!(e.to_string().contains("--backend"), "{e}");
+}
+
 #[test]
 fn image_plan_runs_native_on_the_file() {
     let dir = tempfile::tempdir().unwrap();
