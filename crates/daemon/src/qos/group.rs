@@ -123,6 +123,12 @@ impl SharedThrottle {
         self.plan.check(&self.cells, dir, now_ns)
     }
 
+    /// When the limits admit `n` requests of `bytes` in direction `dir` in
+    /// a row ([`Plan::check_batch`]); None: now. Writes nothing.
+    pub fn check_batch(&self, dir: Direction, bytes: u64, n: usize, now_ns: u64) -> Option<u64> {
+        self.plan.check_batch(&self.cells, dir, bytes, n, now_ns)
+    }
+
     /// The second half of [`SharedThrottle::admit`]: accounts a request that
     /// [`SharedThrottle::check`] admitted.
     pub fn charge(&self, dir: Direction, bytes: u64, now_ns: u64) {

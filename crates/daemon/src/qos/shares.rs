@@ -92,7 +92,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::throttle::{wait_until, Admission, CreditCell, Direction, TICKS_PER_NS};
+use super::throttle::{
+    batch_until, wait_until, Admission, CreditCell, Direction, BATCH_REQUESTS, TICKS_PER_NS,
+};
 use super::SharedThrottle;
 
 /// The allocator's interval.
@@ -467,6 +469,20 @@ impl ShareCap {
         wait_until(now, over)
     }
 
+    /// When the cap admits `n` operations in a row at `now_ns`, or, if its
+    /// burst is smaller, as many as it ever admits at once (None: now).
+    /// Reads only.
+    pub fn check_batch(&self, n: usize, now_ns: u64) -> Option<u64> {
+        let interval = self.interval.load(Ordering::Relaxed);
+        if interval == 0 {
+            return None;
+        }
+        let now = now_ns.saturating_mul(TICKS_PER_NS);
+        let room = (n.saturating_sub(1) as u64).min(TOLERANCE / interval) * interval;
+        let ahead = self.empty_at.empty_at().saturating_sub(now);
+        wait_until(now, (ahead + room).saturating_sub(TOLERANCE))
+    }
+
     /// Accounts one operation admitted at `now_ns`.
     #[inline]
     pub fn charge(&self, now_ns: u64) {
@@ -530,6 +546,26 @@ impl Gate {
             }
             (a, b) => Admission::WaitUntil(a.unwrap_or(0).max(b.unwrap_or(0))),
         }
+    }
+
+    /// [`Gate::admit`] for the head of a queue with `waiting` requests
+    /// (the head among them): held back, it is told to ask again when the
+    /// limits and the cap admit `min(waiting, BATCH_REQUESTS)` requests like
+    /// it, within [`BATCH_DELAY_NS`](super::throttle::BATCH_DELAY_NS) of when it could go alone
+    /// ([`batch_until`]), so that its IOThread wakes once for several
+    /// requests rather than once for each.
+    pub fn admit_head(&self, dir: Direction, bytes: u64, waiting: usize, now_ns: u64) -> Admission {
+        let alone = match self.admit(dir, bytes, now_ns) {
+            Admission::WaitUntil(alone) if waiting > 1 => alone,
+            a => return a,
+        };
+        let n = waiting.min(BATCH_REQUESTS);
+        let by_limits = self
+            .throttle
+            .as_deref()
+            .and_then(|t| t.check_batch(dir, bytes, n, now_ns));
+        let by_share = self.share.as_deref().and_then(|s| s.check_batch(n, now_ns));
+        Admission::WaitUntil(batch_until(alone, by_limits.max(by_share)))
     }
 }
 
@@ -777,6 +813,68 @@ mod tests {
         cap.set(None, now);
         assert_eq!(cap.check(now), None);
         assert_eq!(cap.iops(), None);
+    }
+
+    /// A held head of a queue with others waiting is told when the limits
+    /// and the cap admit up to a batch of them, within the batch delay of
+    /// when it could go alone; a lone one when it could go alone.
+    #[test]
+    fn a_held_head_waits_for_a_batch() {
+        use crate::qos::throttle::{BATCH_DELAY_NS, BATCH_REQUESTS};
+        use crate::qos::ThrottleConfig;
+        let ms = 1_000_000;
+        let now = 1_000_000_000;
+        let gate_of = |iops: u64, cap: Option<f64>| {
+            let limits = ThrottleConfig {
+                iops_total: Some(iops),
+                ..Default::default()
+            }
+            .validate()
+            .unwrap();
+            let share = Arc::new(ShareCap::new());
+            share.set(cap, 0);
+            let gate = Gate::new(Some(Arc::new(SharedThrottle::new(limits))), Some(share)).unwrap();
+            // Ask until the limits or the cap hold one back.
+            while gate.admit(Direction::Read, 4096, now) == Admission::Go {}
+            gate
+        };
+        let wait = |gate: &Gate, waiting| match gate.admit_head(Direction::Read, 4096, waiting, now)
+        {
+            Admission::WaitUntil(t) => t - now,
+            Admission::Go => panic!("held back"),
+        };
+        // 1000 IOPS: a millisecond a request.
+        let gate = gate_of(1000, None);
+        let alone = wait(&gate, 1);
+        assert!((ms..=ms + 1).contains(&alone), "{alone}");
+        assert_eq!(wait(&gate, 4), alone + 3 * ms);
+        assert_eq!(wait(&gate, BATCH_REQUESTS), alone + 15 * ms);
+        assert_eq!(
+            wait(&gate, 100),
+            wait(&gate, BATCH_REQUESTS),
+            "a batch at most"
+        );
+        // 100 IOPS: 16 would take 150 ms; the head waits the bound at most.
+        let gate = gate_of(100, None);
+        let alone = wait(&gate, 1);
+        assert_eq!(wait(&gate, 2), alone + 10 * ms);
+        assert_eq!(wait(&gate, 16), alone + BATCH_DELAY_NS);
+        // A cap of 100 IOPS with a 5 ms burst admits one at a time: a batch
+        // waits for nothing more.
+        let gate = gate_of(1000, Some(100.0));
+        let alone = wait(&gate, 1);
+        assert!(alone >= 5 * ms, "the cap holds the head: {alone}");
+        assert_eq!(wait(&gate, 16), alone);
+        // One of 1000 IOPS admits six at once (5 ms of burst): a batch of
+        // 16 waits for those.
+        let gate = gate_of(1000, Some(1000.0));
+        let alone = wait(&gate, 1);
+        assert_eq!(wait(&gate, 16), alone + 5 * ms);
+        // Asking charges nothing: the head alone still goes at its time.
+        assert_eq!(
+            gate.admit_head(Direction::Read, 4096, 16, now + alone),
+            Admission::Go
+        );
     }
 
     /// The gate charges a request only when both the limits and the cap
