@@ -89,7 +89,7 @@
 //! (`daemon/shares.rs`) samples the counters, calls [`ShareAllocator::tick`]
 //! and writes the caps.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use super::throttle::{
@@ -411,6 +411,8 @@ pub struct ShareCap {
     empty_at: AtomicU64,
     /// Requests the cap held back (for the allocator: it wanted more).
     held: AtomicU64,
+    /// The queues that draw on it ([`Gate`]s).
+    queues: AtomicUsize,
 }
 
 impl ShareCap {
@@ -502,8 +504,8 @@ const TOLERANCE: u64 = CAP_BURST_NS * TICKS_PER_NS;
 /// What a queue's reads and writes must pass: its export's limits (its own
 /// or its throttle group's) and its share cap. A request is charged only when
 /// both admit it, so a request one of them holds back costs the other
-/// nothing.
-#[derive(Debug, Clone)]
+/// nothing. Each gate counts as one queue drawing on both.
+#[derive(Debug)]
 pub struct Gate {
     /// The limits (None: none).
     pub throttle: Option<Arc<SharedThrottle>>,
@@ -518,7 +520,28 @@ impl Gate {
         throttle: Option<Arc<SharedThrottle>>,
         share: Option<Arc<ShareCap>>,
     ) -> Option<Gate> {
-        (throttle.is_some() || share.is_some()).then_some(Gate { throttle, share })
+        (throttle.is_some() || share.is_some()).then(|| {
+            let gate = Gate { throttle, share };
+            gate.count(1);
+            gate
+        })
+    }
+
+    /// Adds `n` (1 or, wrapping, -1) to the queues drawing on its buckets.
+    fn count(&self, n: usize) {
+        if let Some(t) = &self.throttle {
+            t.queues.fetch_add(n, Ordering::Relaxed);
+        }
+        if let Some(s) = &self.share {
+            s.queues.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether this gate's queue is the only one drawing on its buckets.
+    fn alone(&self) -> bool {
+        let one = |n: &AtomicUsize| n.load(Ordering::Relaxed) == 1;
+        self.throttle.as_ref().is_none_or(|t| one(&t.queues))
+            && self.share.as_ref().is_none_or(|s| one(&s.queues))
     }
 
     /// Admits (and accounts in both) a request of `bytes` in direction `dir`
@@ -551,12 +574,19 @@ impl Gate {
     /// [`Gate::admit`] for the head of a queue with `waiting` requests
     /// (the head among them): held back, it is told to ask again when the
     /// limits and the cap admit `min(waiting, BATCH_REQUESTS)` requests like
-    /// it, within [`BATCH_DELAY_NS`](super::throttle::BATCH_DELAY_NS) of when it could go alone
-    /// ([`batch_until`]), so that its IOThread wakes once for several
-    /// requests rather than once for each.
+    /// it, within [`BATCH_DELAY_NS`](super::throttle::BATCH_DELAY_NS) of
+    /// when it could go alone ([`batch_until`]), so that its IOThread wakes
+    /// once for several requests rather than once for each.
+    ///
+    /// Only while its queue is the only one drawing on the buckets: a batch
+    /// then delays that queue's own requests only. Queues that share them
+    /// (a throttle group, an export's queues) each waiting for a batch are
+    /// due at the same time, and the one that asks first (on the IOThread
+    /// with less to do, every time) takes the whole batch, round after
+    /// round, where one request at a time shares the limit evenly.
     pub fn admit_head(&self, dir: Direction, bytes: u64, waiting: usize, now_ns: u64) -> Admission {
         let alone = match self.admit(dir, bytes, now_ns) {
-            Admission::WaitUntil(alone) if waiting > 1 => alone,
+            Admission::WaitUntil(alone) if waiting > 1 && self.alone() => alone,
             a => return a,
         };
         let n = waiting.min(BATCH_REQUESTS);
@@ -566,6 +596,23 @@ impl Gate {
             .and_then(|t| t.check_batch(dir, bytes, n, now_ns));
         let by_share = self.share.as_deref().and_then(|s| s.check_batch(n, now_ns));
         Admission::WaitUntil(batch_until(alone, by_limits.max(by_share)))
+    }
+}
+
+impl Clone for Gate {
+    fn clone(&self) -> Self {
+        let gate = Gate {
+            throttle: self.throttle.clone(),
+            share: self.share.clone(),
+        };
+        gate.count(1);
+        gate
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        self.count(usize::MAX);
     }
 }
 
@@ -870,6 +917,15 @@ mod tests {
         let gate = gate_of(1000, Some(1000.0));
         let alone = wait(&gate, 1);
         assert_eq!(wait(&gate, 16), alone + 5 * ms);
+        // A second queue on the same buckets: one request at a time again.
+        let other = gate.clone();
+        assert_eq!(wait(&gate, 16), alone);
+        drop(other);
+        assert_eq!(wait(&gate, 16), alone + 5 * ms);
+        let limits = gate.throttle.clone();
+        let member = Gate::new(limits, None).unwrap();
+        assert_eq!(wait(&gate, 16), alone, "a group's other member");
+        drop(member);
         // Asking charges nothing: the head alone still goes at its time.
         assert_eq!(
             gate.admit_head(Direction::Read, 4096, 16, now + alone),
