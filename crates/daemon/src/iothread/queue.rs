@@ -316,7 +316,7 @@ impl QueueSlot {
     /// more, the loop stops the ring when it gets there).
     ///
     /// A held head waits to release as many together ([`Gate::admit_head`]),
-    /// or its queue's depth when the limits last let it go, if that is more.
+    /// or its queue's depth when it was last due, if that is more.
     /// Those in flight count because a driver that keeps its depth at the
     /// limit sends each again as it completes; and the depth is remembered
     /// because that driver's requests come back one at a time after a batch:
