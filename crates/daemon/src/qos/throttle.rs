@@ -154,13 +154,16 @@ pub const BATCH_REQUESTS: usize = 16;
 /// go alone, for requests behind it to go with it ([`batch_until`]): 15 ms.
 ///
 /// - The limits keep their rate: every request is charged in full, and a
-///   batch never waits for a bucket past the time it is empty
-///   ([`Plan::check_batch`]), so none of its leak goes unused while requests
-///   wait. Releases lag the one-by-one release by at most this bound, so a
-///   window of one second sees at most `rate * 15 ms`, 1.5% of the limit,
-///   fewer or more than one-by-one release would show it: within the 3% a
-///   limit is measured against and the 5% by which a burst's seconds may
-///   differ from QEMU's.
+///   batch never waits for a bucket past the time it admits as many as it
+///   ever does at once ([`Plan::check_batch`]: it is not empty then), so
+///   none of its leak goes unused while requests wait. Releases lag the
+///   one-by-one release by at most this bound, so a window of one second
+///   sees at most `rate * 15 ms` fewer or more requests than one-by-one
+///   release would show it: 1.5% of a second at the limit, against the 3% a
+///   limit is measured with. Where the rate falls within a second (a burst
+///   ending) those requests are a larger part of what the second holds: up
+///   to 5% of the second in which a 1000 IOPS burst falls to 200, the
+///   margin QEMU's seconds are compared with.
 /// - It is the time 16 requests take at 1000 IOPS: at that rate and above,
 ///   a queue with [`BATCH_REQUESTS`] waiting wakes once for all of them.
 ///   Slower limits batch fewer (two at 100 IOPS, none below 67 IOPS), where
