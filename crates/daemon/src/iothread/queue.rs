@@ -80,26 +80,35 @@ fn throttled_as(op: &Operation) -> Option<(Direction, u64)> {
     }
 }
 
-/// Whether `gate` holds back a request just popped: Some(until, now)
-/// if it must wait (counted), None if it may go (admitted and accounted, or
-/// not throttled). Off the unthrottled path, which only tests for a gate.
+/// Whether `gate` holds back a request just popped, the head of `waiting`
+/// requests: Some(until, now) if it must wait (counted), None if it may go
+/// (admitted and accounted, or not throttled). Off the unthrottled path,
+/// which only tests for a gate.
 #[inline(never)]
 fn must_wait(
     gate: &Gate,
     counters: &QueueCounters,
     parsed: &Result<Request, Rejected>,
+    waiting: usize,
 ) -> Option<(u64, u64)> {
     let now = throttle_clock();
-    let until = admission(gate, parsed, now)?;
+    let until = admission(gate, parsed, waiting, now)?;
     counters.throttled.add(1);
     Some((until, now))
 }
 
-/// Asks `gate` for a parsed request: None if it may go (accounted; a
-/// rejected request is not throttled), or the time to ask again.
-fn admission(gate: &Gate, parsed: &Result<Request, Rejected>, now_ns: u64) -> Option<u64> {
+/// Asks `gate` for a parsed request at the head of `waiting` requests:
+/// None if it may go (accounted; a rejected request is not throttled), or
+/// the time to ask again, when several of them may go
+/// ([`Gate::admit_head`]).
+fn admission(
+    gate: &Gate,
+    parsed: &Result<Request, Rejected>,
+    waiting: usize,
+    now_ns: u64,
+) -> Option<u64> {
     let (dir, bytes) = throttled_as(&parsed.as_ref().ok()?.op)?;
-    match gate.admit(dir, bytes, now_ns) {
+    match gate.admit_head(dir, bytes, waiting, now_ns) {
         Admission::Go => None,
         Admission::WaitUntil(t) => Some(t),
     }
@@ -148,6 +157,10 @@ pub(super) struct QueueSlot {
     gate: Option<Gate>,
     /// The head request, popped and held back by the throttle.
     held: Option<Held>,
+    /// The requests the queue had outstanding when the limits were last
+    /// asked again for its held head (0: never held): its driver's depth
+    /// at the limit ([`QueueSlot::outstanding`]).
+    depth: usize,
 }
 
 impl QueueSlot {
@@ -181,6 +194,7 @@ impl QueueSlot {
             log: a.log,
             gate,
             held: None,
+            depth: 0,
         }
     }
 
@@ -294,6 +308,33 @@ impl QueueSlot {
                 false
             }
         }
+    }
+
+    /// The requests the queue has outstanding: in flight (a held head among
+    /// them) and `behind` its head in the avail ring (at most a ring's
+    /// worth: an index the pop loop would find impossible counts for nothing
+    /// more, the loop stops the ring when it gets there).
+    ///
+    /// A held head waits to release as many together ([`Gate::admit_head`]),
+    /// or its queue's depth when it was last due, if that is more.
+    /// Those in flight count because a driver that keeps its depth at the
+    /// limit sends each again as it completes; and the depth is remembered
+    /// because that driver's requests come back one at a time after a batch:
+    /// the first is held before the others are there. Counting only what
+    /// is in the ring when the head is held splits the depth into batches
+    /// that alternate, and wakes the thread twice as often or more. A driver
+    /// that sends fewer leaves a head waiting at most
+    /// [`BATCH_DELAY_NS`](crate::qos::throttle::BATCH_DELAY_NS) longer, once
+    /// (the next release measures its depth again), and the limits lose
+    /// nothing by it.
+    fn outstanding(&self, behind: u16) -> usize {
+        self.inflight + usize::from(behind).min(usize::from(self.queue.size()))
+    }
+
+    /// The requests available behind the head (the avail index read now).
+    fn behind(&self, mem: &GuestMem) -> u16 {
+        self.avail_idx(mem)
+            .map_or(0, |idx| idx.wrapping_sub(self.queue.next_avail()))
     }
 
     /// Whether the guest made requests available that we have not popped yet.
@@ -443,19 +484,33 @@ impl QueueSlot {
                 };
             }
         }
-        // The held-back head goes first, when the limits let it.
+        // The held-back head goes first, when the limits let it; those
+        // behind it follow in the loop below as long as the limits admit
+        // them, as one batch: no early hand-back (see CALL_EVERY) while they
+        // are popped. Their driver, all of whose requests waited, sleeps
+        // until called: a hand-back every few pops would wake it once for
+        // each, where the end of the pass calls it once for the batch, tens
+        // of microseconds later for requests that waited milliseconds.
+        let mut batch = false;
         if let Some(h) = self.held.take() {
             let now = throttle_clock();
+            // At its due time the driver has sent again what it got back:
+            // what is outstanding now is its depth.
+            self.depth = self.outstanding(self.behind(mem));
+            let waiting = self.depth;
             match self
                 .gate
                 .as_ref()
-                .and_then(|g| admission(g, &h.parsed, now))
+                .and_then(|g| admission(g, &h.parsed, waiting, now))
             {
                 Some(until) => {
                     self.held = Some(Held { until, ..h });
                     return Popped::Held(until);
                 }
-                None => self.run_held(id, h, exec, mem, now),
+                None => {
+                    self.run_held(id, h, exec, mem, now);
+                    batch = true;
+                }
             }
         }
         loop {
@@ -499,7 +554,7 @@ impl QueueSlot {
             };
             let mut popped_one = false;
             while budget > 0 {
-                if popped_one && exec.has_completions() {
+                if popped_one && !batch && exec.has_completions() {
                     // Hand back what is done now; Queues::process pops on
                     // (see CALL_EVERY).
                     return Popped::HandBack;
@@ -539,7 +594,12 @@ impl QueueSlot {
                 // here, whether it runs now or is held back.
                 self.inflight += 1;
                 if let Some(gate) = &self.gate {
-                    if let Some((until, since)) = must_wait(gate, &self.counters, &parsed) {
+                    // Popped: `next + 1` is the first behind it.
+                    let waiting = self
+                        .outstanding(last.wrapping_sub(next) - 1)
+                        .max(self.depth);
+                    if let Some((until, since)) = must_wait(gate, &self.counters, &parsed, waiting)
+                    {
                         self.held = Some(Held {
                             parsed,
                             until,

@@ -69,7 +69,7 @@
 //! favoured systematically. Shares between exports, with floors, are the
 //! business of [`super::mclock`].
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use super::throttle::{Admission, CreditCell, Direction, Plan, ThrottleLimits, CELLS};
 
@@ -91,6 +91,8 @@ pub struct SharedThrottle {
     limits: ThrottleLimits,
     plan: Plan,
     cells: [AtomicU64; CELLS],
+    /// The queues that draw on it ([`super::Gate`]s).
+    pub(super) queues: AtomicUsize,
 }
 
 impl SharedThrottle {
@@ -100,6 +102,7 @@ impl SharedThrottle {
             plan: Plan::new(&limits),
             limits,
             cells: Default::default(),
+            queues: AtomicUsize::new(0),
         }
     }
 
@@ -121,6 +124,12 @@ impl SharedThrottle {
     /// Writes nothing.
     pub fn check(&self, dir: Direction, now_ns: u64) -> Option<u64> {
         self.plan.check(&self.cells, dir, now_ns)
+    }
+
+    /// When the limits admit `n` requests of `bytes` in direction `dir` in
+    /// a row ([`Plan::check_batch`]); None: now. Writes nothing.
+    pub fn check_batch(&self, dir: Direction, bytes: u64, n: usize, now_ns: u64) -> Option<u64> {
+        self.plan.check_batch(&self.cells, dir, bytes, n, now_ns)
     }
 
     /// The second half of [`SharedThrottle::admit`]: accounts a request that

@@ -89,10 +89,12 @@
 //! (`daemon/shares.rs`) samples the counters, calls [`ShareAllocator::tick`]
 //! and writes the caps.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use super::throttle::{wait_until, Admission, CreditCell, Direction, TICKS_PER_NS};
+use super::throttle::{
+    batch_until, wait_until, Admission, CreditCell, Direction, BATCH_REQUESTS, TICKS_PER_NS,
+};
 use super::SharedThrottle;
 
 /// The allocator's interval.
@@ -409,6 +411,8 @@ pub struct ShareCap {
     empty_at: AtomicU64,
     /// Requests the cap held back (for the allocator: it wanted more).
     held: AtomicU64,
+    /// The queues that draw on it ([`Gate`]s).
+    queues: AtomicUsize,
 }
 
 impl ShareCap {
@@ -467,6 +471,20 @@ impl ShareCap {
         wait_until(now, over)
     }
 
+    /// When the cap admits `n` operations in a row at `now_ns`, or, if its
+    /// burst is smaller, as many as it ever admits at once (None: now).
+    /// Reads only.
+    pub fn check_batch(&self, n: usize, now_ns: u64) -> Option<u64> {
+        let interval = self.interval.load(Ordering::Relaxed);
+        if interval == 0 {
+            return None;
+        }
+        let now = now_ns.saturating_mul(TICKS_PER_NS);
+        let room = (n.saturating_sub(1) as u64).min(TOLERANCE / interval) * interval;
+        let ahead = self.empty_at.empty_at().saturating_sub(now);
+        wait_until(now, (ahead + room).saturating_sub(TOLERANCE))
+    }
+
     /// Accounts one operation admitted at `now_ns`.
     #[inline]
     pub fn charge(&self, now_ns: u64) {
@@ -486,8 +504,8 @@ const TOLERANCE: u64 = CAP_BURST_NS * TICKS_PER_NS;
 /// What a queue's reads and writes must pass: its export's limits (its own
 /// or its throttle group's) and its share cap. A request is charged only when
 /// both admit it, so a request one of them holds back costs the other
-/// nothing.
-#[derive(Debug, Clone)]
+/// nothing. Each gate counts as one queue drawing on both.
+#[derive(Debug)]
 pub struct Gate {
     /// The limits (None: none).
     pub throttle: Option<Arc<SharedThrottle>>,
@@ -502,7 +520,28 @@ impl Gate {
         throttle: Option<Arc<SharedThrottle>>,
         share: Option<Arc<ShareCap>>,
     ) -> Option<Gate> {
-        (throttle.is_some() || share.is_some()).then_some(Gate { throttle, share })
+        (throttle.is_some() || share.is_some()).then(|| {
+            let gate = Gate { throttle, share };
+            gate.count(1);
+            gate
+        })
+    }
+
+    /// Adds `n` (1 or, wrapping, -1) to the queues drawing on its buckets.
+    fn count(&self, n: usize) {
+        if let Some(t) = &self.throttle {
+            t.queues.fetch_add(n, Ordering::Relaxed);
+        }
+        if let Some(s) = &self.share {
+            s.queues.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether this gate's queue is the only one drawing on its buckets.
+    fn alone(&self) -> bool {
+        let one = |n: &AtomicUsize| n.load(Ordering::Relaxed) == 1;
+        self.throttle.as_ref().is_none_or(|t| one(&t.queues))
+            && self.share.as_ref().is_none_or(|s| one(&s.queues))
     }
 
     /// Admits (and accounts in both) a request of `bytes` in direction `dir`
@@ -530,6 +569,50 @@ impl Gate {
             }
             (a, b) => Admission::WaitUntil(a.unwrap_or(0).max(b.unwrap_or(0))),
         }
+    }
+
+    /// [`Gate::admit`] for the head of a queue with `waiting` requests
+    /// (the head among them): held back, it is told to ask again when the
+    /// limits and the cap admit `min(waiting, BATCH_REQUESTS)` requests like
+    /// it, within [`BATCH_DELAY_NS`](super::throttle::BATCH_DELAY_NS) of
+    /// when it could go alone ([`batch_until`]), so that its IOThread wakes
+    /// once for several requests rather than once for each.
+    ///
+    /// Only while its queue is the only one drawing on the buckets: a batch
+    /// then delays that queue's own requests only. Queues that share them
+    /// (a throttle group, an export's queues) each waiting for a batch are
+    /// due at the same time, and the one that asks first (on the IOThread
+    /// with less to do, every time) takes the whole batch, round after
+    /// round, where one request at a time shares the limit evenly.
+    pub fn admit_head(&self, dir: Direction, bytes: u64, waiting: usize, now_ns: u64) -> Admission {
+        let alone = match self.admit(dir, bytes, now_ns) {
+            Admission::WaitUntil(alone) if waiting > 1 && self.alone() => alone,
+            a => return a,
+        };
+        let n = waiting.min(BATCH_REQUESTS);
+        let by_limits = self
+            .throttle
+            .as_deref()
+            .and_then(|t| t.check_batch(dir, bytes, n, now_ns));
+        let by_share = self.share.as_deref().and_then(|s| s.check_batch(n, now_ns));
+        Admission::WaitUntil(batch_until(alone, by_limits.max(by_share)))
+    }
+}
+
+impl Clone for Gate {
+    fn clone(&self) -> Self {
+        let gate = Gate {
+            throttle: self.throttle.clone(),
+            share: self.share.clone(),
+        };
+        gate.count(1);
+        gate
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        self.count(usize::MAX);
     }
 }
 
@@ -777,6 +860,77 @@ mod tests {
         cap.set(None, now);
         assert_eq!(cap.check(now), None);
         assert_eq!(cap.iops(), None);
+    }
+
+    /// A held head of a queue with others waiting is told when the limits
+    /// and the cap admit up to a batch of them, within the batch delay of
+    /// when it could go alone; a lone one when it could go alone.
+    #[test]
+    fn a_held_head_waits_for_a_batch() {
+        use crate::qos::throttle::{BATCH_DELAY_NS, BATCH_REQUESTS};
+        use crate::qos::ThrottleConfig;
+        let ms = 1_000_000;
+        let now = 1_000_000_000;
+        let gate_of = |iops: u64, cap: Option<f64>| {
+            let limits = ThrottleConfig {
+                iops_total: Some(iops),
+                ..Default::default()
+            }
+            .validate()
+            .unwrap();
+            let share = Arc::new(ShareCap::new());
+            share.set(cap, 0);
+            let gate = Gate::new(Some(Arc::new(SharedThrottle::new(limits))), Some(share)).unwrap();
+            // Ask until the limits or the cap hold one back.
+            while gate.admit(Direction::Read, 4096, now) == Admission::Go {}
+            gate
+        };
+        let wait = |gate: &Gate, waiting| match gate.admit_head(Direction::Read, 4096, waiting, now)
+        {
+            Admission::WaitUntil(t) => t - now,
+            Admission::Go => panic!("held back"),
+        };
+        // 1000 IOPS: a millisecond a request.
+        let gate = gate_of(1000, None);
+        let alone = wait(&gate, 1);
+        assert!((ms..=ms + 1).contains(&alone), "{alone}");
+        assert_eq!(wait(&gate, 4), alone + 3 * ms);
+        assert_eq!(wait(&gate, BATCH_REQUESTS), alone + 15 * ms);
+        assert_eq!(
+            wait(&gate, 100),
+            wait(&gate, BATCH_REQUESTS),
+            "a batch at most"
+        );
+        // 100 IOPS: 16 would take 150 ms; the head waits the bound at most.
+        let gate = gate_of(100, None);
+        let alone = wait(&gate, 1);
+        assert_eq!(wait(&gate, 2), alone + 10 * ms);
+        assert_eq!(wait(&gate, 16), alone + BATCH_DELAY_NS);
+        // A cap of 100 IOPS with a 5 ms burst admits one at a time: a batch
+        // waits for nothing more.
+        let gate = gate_of(1000, Some(100.0));
+        let alone = wait(&gate, 1);
+        assert!(alone >= 5 * ms, "the cap holds the head: {alone}");
+        assert_eq!(wait(&gate, 16), alone);
+        // One of 1000 IOPS admits six at once (5 ms of burst): a batch of
+        // 16 waits for those.
+        let gate = gate_of(1000, Some(1000.0));
+        let alone = wait(&gate, 1);
+        assert_eq!(wait(&gate, 16), alone + 5 * ms);
+        // A second queue on the same buckets: one request at a time again.
+        let other = gate.clone();
+        assert_eq!(wait(&gate, 16), alone);
+        drop(other);
+        assert_eq!(wait(&gate, 16), alone + 5 * ms);
+        let limits = gate.throttle.clone();
+        let member = Gate::new(limits, None).unwrap();
+        assert_eq!(wait(&gate, 16), alone, "a group's other member");
+        drop(member);
+        // Asking charges nothing: the head alone still goes at its time.
+        assert_eq!(
+            gate.admit_head(Direction::Read, 4096, 16, now + alone),
+            Admission::Go
+        );
     }
 
     /// The gate charges a request only when both the limits and the cap

@@ -455,3 +455,85 @@ fn ticks_keep_sub_nanosecond_costs() {
     assert!(error <= 0.0003, "{n} vs {expected}: {error}");
     assert_eq!(TICKS_PER_NS, 16);
 }
+
+/// A held queue's wake-up: the batch's time, never before the head's own
+/// nor more than the batch delay after it.
+#[test]
+fn batch_until_waits_for_the_batch_within_the_bound() {
+    use super::throttle::{batch_until, BATCH_DELAY_NS};
+    let alone = 7 * SEC;
+    assert_eq!(batch_until(alone, None), alone, "nothing more to wait for");
+    assert_eq!(batch_until(alone, Some(alone - MS)), alone);
+    assert_eq!(batch_until(alone, Some(alone + 3 * MS)), alone + 3 * MS);
+    assert_eq!(
+        batch_until(alone, Some(alone + SEC)),
+        alone + BATCH_DELAY_NS,
+        "bounded"
+    );
+    assert_eq!(batch_until(u64::MAX - 1, Some(u64::MAX)), u64::MAX);
+}
+
+/// Limits whose buckets were filled at `start` by asking as soon as allowed
+/// with requests of `bytes` until one was held back.
+fn filled(text: &str, dir: Direction, bytes: u64, start: u64) -> SharedThrottle {
+    let t = SharedThrottle::new(limits(text).unwrap());
+    while t.admit(dir, bytes, start) == Admission::Go {}
+    t
+}
+
+/// How many requests of `bytes` go in a row at `now`.
+fn in_a_row(t: &SharedThrottle, dir: Direction, bytes: u64, now: u64) -> usize {
+    (0..1000)
+        .take_while(|_| t.admit(dir, bytes, now) == Admission::Go)
+        .count()
+}
+
+/// `check_batch(n)` is the first time the buckets let `n` requests go in a
+/// row, or as many as they ever let go at once when they hold fewer: with
+/// an average rate alone, with a burst rate (its own bucket), in bytes with
+/// requests too large for `n` to fit, and with two buckets on a direction.
+#[test]
+fn check_batch_is_when_n_requests_go_in_a_row() {
+    let start = SEC;
+    for (text, dir, bytes) in [
+        ("iops-total = 1000", Direction::Read, 4096),
+        (
+            "iops-total = 200\niops-total-max = 1000\niops-total-max-length = 5",
+            Direction::Read,
+            4096,
+        ),
+        ("bps-total = 1000000", Direction::Write, 65536),
+        (
+            "iops-read = 500\nbps-total = 4000000\niops-size = 8192",
+            Direction::Read,
+            16384,
+        ),
+    ] {
+        // As many as go at once once the buckets have drained.
+        let most = in_a_row(
+            &filled(text, dir, bytes, start),
+            dir,
+            bytes,
+            start + 100 * SEC,
+        );
+        assert!(most >= 1, "{text}");
+        for n in 1..=16usize {
+            let t = filled(text, dir, bytes, start);
+            let alone = t.check(dir, start).expect("held back");
+            let at = t
+                .check_batch(dir, bytes, n, start)
+                .expect("held back")
+                .max(alone);
+            if n == 1 {
+                assert_eq!(at, alone, "{text}");
+            }
+            let want = n.min(most);
+            let before = filled(text, dir, bytes, start);
+            assert!(
+                in_a_row(&before, dir, bytes, at - 1) < want,
+                "{text}: {n} not due before {at}"
+            );
+            assert_eq!(in_a_row(&t, dir, bytes, at), want, "{text}: n = {n}");
+        }
+    }
+}

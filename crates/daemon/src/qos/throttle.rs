@@ -142,6 +142,50 @@ impl BucketKind {
     }
 }
 
+/// The most requests a queue held back by its limits waits to release
+/// together ([`batch_until`]). Each wake-up of a held queue's IOThread costs
+/// about as much as serving several requests; shared by 16 it is a small
+/// part of each one's cost (a driver at depth 16 whose requests complete
+/// together wakes its server as rarely), and a larger batch saves little
+/// more while the delay it adds grows with it.
+pub const BATCH_REQUESTS: usize = 16;
+
+/// The most a held queue's head waits, beyond when the limits would let it
+/// go alone, for requests behind it to go with it ([`batch_until`]): 15 ms.
+///
+/// - The limits keep their rate: every request is charged in full, and a
+///   batch never waits for a bucket past the time it admits as many as it
+///   ever does at once ([`Plan::check_batch`]: it is not empty then), so
+///   none of its leak goes unused while requests wait. Releases lag the
+///   one-by-one release by at most this bound, so a window of one second
+///   sees at most `rate * 15 ms` fewer or more requests than one-by-one
+///   release would show it: 1.5% of a second at the limit, against the 3% a
+///   limit is measured with. Where the rate falls within a second (a burst
+///   ending) those requests are a larger part of what the second holds: up
+///   to 5% of the second in which a 1000 IOPS burst falls to 200, the
+///   margin QEMU's seconds are compared with.
+/// - It is the time 16 requests take at 1000 IOPS: at that rate and above,
+///   a queue with [`BATCH_REQUESTS`] waiting wakes once for all of them.
+///   Slower limits batch fewer (two at 100 IOPS, none below 67 IOPS), where
+///   the wake-ups a second are few anyway.
+/// - The delay falls only on requests that already wait for the limit, of
+///   a queue with others outstanding (a queue at depth one never waits for
+///   it), and a driver that keeps its depth at a limit sees the same mean
+///   latency, its depth over the rate, however the releases are grouped
+///   (Little's law).
+pub const BATCH_DELAY_NS: u64 = 15_000_000;
+
+/// When a queue whose head the limits hold back until `alone` (ns) asks
+/// again, given when they would admit the batch it waits to send together
+/// (`together`, from [`Plan::check_batch`] for `min(waiting,
+/// BATCH_REQUESTS)` requests like its head; None: now): the batch's time,
+/// but never more than [`BATCH_DELAY_NS`] after `alone` (nor before it).
+pub fn batch_until(alone: u64, together: Option<u64>) -> u64 {
+    together.map_or(alone, |t| {
+        t.clamp(alone, alone.saturating_add(BATCH_DELAY_NS))
+    })
+}
+
 /// The limits as written in `[export.throttle]` or `[[throttle-group]]`, under
 /// QEMU's names (`throttling.iops-total`, `limits.iops-total` of a
 /// `throttle-group` object). A value of 0 means "no limit", as in QEMU (and as
@@ -590,6 +634,58 @@ impl Plan {
         wait_until(now, over)
     }
 
+    /// When the buckets of `dir` admit `n` requests of `bytes` in a row at
+    /// `now_ns` (None: now), or, for a bucket too small for `n` of them,
+    /// as many as it ever admits at once: it is not empty then, so none of
+    /// its leak has gone unused. Reads only; [`batch_until`] bounds what a
+    /// held queue makes of it.
+    pub(crate) fn check_batch<C: CreditCell>(
+        &self,
+        cells: &[C; CELLS],
+        dir: Direction,
+        bytes: u64,
+        n: usize,
+        now_ns: u64,
+    ) -> Option<u64> {
+        let now = now_ns.saturating_mul(TICKS_PER_NS);
+        let (size, ops) = self.units(bytes);
+        let behind = n.saturating_sub(1) as u64;
+        // Room for the `n - 1` behind the first, as each is charged, or for
+        // as many as fit in the bucket.
+        let over = |cell: &C, per_unit: f64, tolerance: u64| {
+            let cost = to_ticks(per_unit);
+            let room = match tolerance.checked_div(cost) {
+                Some(fit) => behind.min(fit) * cost,
+                None => 0,
+            };
+            let ahead = cell.empty_at().saturating_sub(now);
+            (ahead + room).saturating_sub(tolerance)
+        };
+        let mut worst = 0u64;
+        for b in self.buckets(dir) {
+            let units = if b.counts_bytes { size } else { ops };
+            worst = worst.max(over(&cells[b.cell], units * b.ticks_per_unit, b.tolerance));
+            if let Some(t) = b.burst_ticks_per_unit {
+                worst = worst.max(over(&cells[BURST + b.cell], units * t, BURST_TOLERANCE));
+            }
+        }
+        wait_until(now, worst)
+    }
+
+    /// A request of `bytes` in units: bytes, and operations (`iops-size`).
+    #[inline]
+    fn units(&self, bytes: u64) -> (f64, f64) {
+        // Through i64: one conversion instruction where u64 -> f64 takes a
+        // dozen on x86-64; a request's size is far below 2^63.
+        let size = bytes as i64 as f64;
+        let ops = if self.iops_size != 0 && bytes > self.iops_size {
+            size / self.iops_size as f64
+        } else {
+            1.0
+        };
+        (size, ops)
+    }
+
     /// Charges a request of `bytes` to the buckets of `dir` (after
     /// [`Plan::check`] admitted it).
     #[inline]
@@ -601,14 +697,7 @@ impl Plan {
         now_ns: u64,
     ) {
         let now = now_ns.saturating_mul(TICKS_PER_NS);
-        // Through i64: one conversion instruction where u64 -> f64 takes a
-        // dozen on x86-64; a request's size is far below 2^63.
-        let size = bytes as i64 as f64;
-        let ops = if self.iops_size != 0 && bytes > self.iops_size {
-            size / self.iops_size as f64
-        } else {
-            1.0
-        };
+        let (size, ops) = self.units(bytes);
         for b in self.buckets(dir) {
             let units = if b.counts_bytes { size } else { ops };
             cells[b.cell].charge(now, to_ticks(units * b.ticks_per_unit));
