@@ -127,7 +127,7 @@ impl SharedThrottle {
     }
 
     /// When the limits admit `n` requests of `bytes` in direction `dir` in
-    /// a row ([`Plan::check_batch`]); None: now. Writes nothing.
+    /// a row (`Plan::check_batch`); None: now. Writes nothing.
     pub fn check_batch(&self, dir: Direction, bytes: u64, n: usize, now_ns: u64) -> Option<u64> {
         self.plan.check_batch(&self.cells, dir, bytes, n, now_ns)
     }

@@ -155,7 +155,7 @@ pub const BATCH_REQUESTS: usize = 16;
 ///
 /// - The limits keep their rate: every request is charged in full, and a
 ///   batch never waits for a bucket past the time it admits as many as it
-///   ever does at once ([`Plan::check_batch`]: it is not empty then), so
+///   ever does at once (`Plan::check_batch`: it is not empty then), so
 ///   none of its leak goes unused while requests wait. Releases lag the
 ///   one-by-one release by at most this bound, so a window of one second
 ///   sees at most `rate * 15 ms` fewer or more requests than one-by-one
@@ -177,7 +177,7 @@ pub const BATCH_DELAY_NS: u64 = 15_000_000;
 
 /// When a queue whose head the limits hold back until `alone` (ns) asks
 /// again, given when they would admit the batch it waits to send together
-/// (`together`, from [`Plan::check_batch`] for `min(waiting,
+/// (`together`, from `Plan::check_batch` for `min(waiting,
 /// BATCH_REQUESTS)` requests like its head; None: now): the batch's time,
 /// but never more than [`BATCH_DELAY_NS`] after `alone` (nor before it).
 pub fn batch_until(alone: u64, together: Option<u64>) -> u64 {
