@@ -164,6 +164,26 @@ fn limits(e: &Value) -> String {
     }
 }
 
+/// An export's share column: its reservation and weight, and the IOPS cap
+/// the share allocator gives it now (`-`: none of them).
+fn share(e: &Value) -> String {
+    let mut parts = Vec::new();
+    if let Some(r) = e["reservation-iops"].as_u64() {
+        parts.push(format!("reservation={r}"));
+    }
+    if let Some(w) = e["weight"].as_u64() {
+        parts.push(format!("weight={w}"));
+    }
+    if let Some(c) = e["share"]["cap-iops"].as_f64() {
+        parts.push(format!("cap={c:.0}"));
+    }
+    if parts.is_empty() {
+        "-".into()
+    } else {
+        parts.join(",")
+    }
+}
+
 /// The human form of a method's result.
 pub fn render(method: &str, result: &Value) -> String {
     let empty = Vec::new();
@@ -246,6 +266,7 @@ pub fn render(method: &str, result: &Value) -> String {
                         mib(&q["bytes-written"]),
                         text(&q["throttled"]),
                         limits(e),
+                        share(e),
                         text(&e["socket"]),
                     ]);
                 }
@@ -263,6 +284,7 @@ pub fn render(method: &str, result: &Value) -> String {
                     "WRITE-MIB",
                     "THROTTLED",
                     "LIMITS",
+                    "SHARE",
                     "SOCKET",
                 ],
                 &rows,
@@ -327,5 +349,28 @@ mod tests {
             render("query-throttle-groups", &groups),
             "GROUP  LIMITS        MEMBERS\ng      iops-total=5  a,b\n"
         );
+    }
+
+    #[test]
+    fn exports_show_their_share() {
+        let export = |extra: Value| {
+            let mut e = json!({"name": "db", "connected": true, "backend": "file",
+                "socket": "/s", "queues": [{"queue": 0, "iothread": 0}]});
+            e.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            e
+        };
+        let t = render(
+            "query-exports",
+            &json!([export(json!({"reservation-iops": 3000, "weight": 2,
+                "share": {"device": "fs-1", "cap-iops": 4500.4}}))]),
+        );
+        let (head, row) = t.split_once('\n').unwrap();
+        let col = words(head).iter().position(|h| h == "SHARE").unwrap();
+        assert_eq!(words(row)[col], "reservation=3000,weight=2,cap=4500", "{t}");
+        let t = render("query-exports", &json!([export(json!({}))]));
+        let row = t.lines().nth(1).unwrap();
+        assert_eq!(words(row)[col], "-", "{t}");
     }
 }
