@@ -70,6 +70,17 @@ pub enum ThreadKind {
     Metrics,
 }
 
+impl ThreadKind {
+    /// Every kind of filtered thread.
+    pub const ALL: [ThreadKind; 5] = [
+        ThreadKind::Control,
+        ThreadKind::Rpc,
+        ThreadKind::IoThread,
+        ThreadKind::Worker,
+        ThreadKind::Metrics,
+    ];
+}
+
 /// A filter could not be built or installed.
 #[derive(Debug, thiserror::Error)]
 pub enum SeccompError {
@@ -443,13 +454,7 @@ pub fn probe(mode: SeccompMode) -> Result<(), SeccompError> {
         return Ok(());
     }
     fix_malloc_arena_limit();
-    for kind in [
-        ThreadKind::Control,
-        ThreadKind::Rpc,
-        ThreadKind::IoThread,
-        ThreadKind::Worker,
-        ThreadKind::Metrics,
-    ] {
+    for kind in ThreadKind::ALL {
         programs(kind, SeccompAction::Log)?;
     }
     std::thread::spawn(move || {
@@ -904,13 +909,7 @@ pub(crate) mod tests {
     /// sigaction only for SIGBUS and SIGSEGV (`crate::fault`).
     #[test]
     fn every_kind_allows_what_the_fault_handler_does() {
-        for kind in [
-            ThreadKind::Control,
-            ThreadKind::Rpc,
-            ThreadKind::IoThread,
-            ThreadKind::Worker,
-            ThreadKind::Metrics,
-        ] {
+        for kind in ThreadKind::ALL {
             let a = allowed(kind);
             for nr in [
                 libc::SYS_mmap,
