@@ -361,6 +361,18 @@ struct Setup {
     restart: Restart,
 }
 
+/// One queue on one IOThread, one vCPU, two writers, vqblk over io_uring,
+/// no restart: what each test changes is written beside it.
+const ONE_QUEUE: Setup = Setup {
+    server: Server::Vqblk,
+    backend: "io_uring",
+    iothreads: 1,
+    queues: 1,
+    smp: 1,
+    writers: 2,
+    restart: Restart::No,
+};
+
 /// A daemon killed (SIGKILL) and started again in the middle of a migration.
 #[derive(Clone, Copy, PartialEq, Debug)]
 enum Restart {
@@ -718,18 +730,7 @@ fn migrate_with_io(name: &'static str, s: Setup) {
 
 #[test]
 fn guest_migrates_with_io_running() {
-    migrate_with_io(
-        "uring",
-        Setup {
-            server: Server::Vqblk,
-            backend: "io_uring",
-            iothreads: 1,
-            queues: 1,
-            smp: 1,
-            writers: 2,
-            restart: Restart::No,
-        },
-    );
+    migrate_with_io("uring", ONE_QUEUE);
 }
 
 #[test]
@@ -737,13 +738,8 @@ fn guest_migrates_with_io_running_null() {
     migrate_with_io(
         "null",
         Setup {
-            server: Server::Vqblk,
             backend: "null",
-            iothreads: 1,
-            queues: 1,
-            smp: 1,
-            writers: 2,
-            restart: Restart::No,
+            ..ONE_QUEUE
         },
     );
 }
@@ -758,12 +754,7 @@ fn guest_migrates_with_io_running_qsd() {
         "qsd",
         Setup {
             server: Server::Qsd,
-            backend: "io_uring",
-            iothreads: 1,
-            queues: 1,
-            smp: 1,
-            writers: 2,
-            restart: Restart::No,
+            ..ONE_QUEUE
         },
     );
 }
@@ -773,13 +764,10 @@ fn guest_migrates_with_io_running_two_queues_two_iothreads() {
     migrate_with_io(
         "uring-2iot",
         Setup {
-            server: Server::Vqblk,
-            backend: "io_uring",
             iothreads: 2,
             queues: 2,
             smp: 2,
-            writers: 2,
-            restart: Restart::No,
+            ..ONE_QUEUE
         },
     );
 }
@@ -794,13 +782,8 @@ fn guest_migrates_while_the_source_daemon_restarts() {
     migrate_with_io(
         "uring-restart-src",
         Setup {
-            server: Server::Vqblk,
-            backend: "io_uring",
-            iothreads: 1,
-            queues: 1,
-            smp: 1,
-            writers: 2,
             restart: Restart::Source,
+            ..ONE_QUEUE
         },
     );
 }
@@ -813,13 +796,8 @@ fn guest_migrates_while_the_destination_daemon_restarts() {
     migrate_with_io(
         "uring-restart-dst",
         Setup {
-            server: Server::Vqblk,
-            backend: "io_uring",
-            iothreads: 1,
-            queues: 1,
-            smp: 1,
-            writers: 2,
             restart: Restart::Destination,
+            ..ONE_QUEUE
         },
     );
 }
