@@ -17,7 +17,6 @@ use std::io::{Read, Write};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixStream};
 use std::path::{Path, PathBuf};
-use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
 use frontend::*;
@@ -26,74 +25,34 @@ use frontend::*;
 const IMAGE: u64 = 16 << 20;
 
 /// A `vqblk serve` process on a file image with one queue.
-struct Daemon(ServeProcess);
-
-impl std::ops::Deref for Daemon {
-    type Target = ServeProcess;
-    fn deref(&self) -> &ServeProcess {
-        &self.0
-    }
+fn start(dir: &Path, sock: &Path, image: &Path, run: u32, extra: &[&str]) -> ServeProcess {
+    let image = [
+        "--image".as_ref(),
+        image.as_os_str(),
+        "--backend".as_ref(),
+        "threads".as_ref(),
+    ];
+    start_on(dir, sock, &image, run, extra)
 }
 
-impl std::ops::DerefMut for Daemon {
-    fn deref_mut(&mut self) -> &mut ServeProcess {
-        &mut self.0
+/// A `vqblk serve` process on `disk` (its backend flags) with one queue.
+fn start_on(
+    dir: &Path,
+    sock: &Path,
+    disk: &[&std::ffi::OsStr],
+    run: u32,
+    extra: &[&str],
+) -> ServeProcess {
+    let mut args: Vec<&std::ffi::OsStr> = disk.to_vec();
+    for a in ["--queues", "1", "--iothreads", "1", "--poll", "off"] {
+        args.push(a.as_ref());
     }
-}
-
-impl Daemon {
-    fn start(dir: &Path, sock: &Path, image: &Path, run: u32, extra: &[&str]) -> Daemon {
-        let image = [
-            "--image".as_ref(),
-            image.as_os_str(),
-            "--backend".as_ref(),
-            "threads".as_ref(),
-        ];
-        Daemon::start_on(dir, sock, &image, run, extra)
+    for a in ["--log-level", "debug", "--socket"] {
+        args.push(a.as_ref());
     }
-
-    fn start_on(
-        dir: &Path,
-        sock: &Path,
-        disk: &[&std::ffi::OsStr],
-        run: u32,
-        extra: &[&str],
-    ) -> Daemon {
-        let mut args: Vec<&std::ffi::OsStr> = disk.to_vec();
-        for a in ["--queues", "1", "--iothreads", "1", "--poll", "off"] {
-            args.push(a.as_ref());
-        }
-        for a in ["--log-level", "debug", "--socket"] {
-            args.push(a.as_ref());
-        }
-        args.push(sock.as_os_str());
-        args.extend(extra.iter().map(std::ffi::OsStr::new));
-        Daemon(ServeProcess::spawn(dir, run, args))
-    }
-
-    /// Waits up to 10 s for `needle` in the log.
-    fn logged(&self, needle: &str) -> bool {
-        let t = Instant::now();
-        while t.elapsed() < Duration::from_secs(10) {
-            if self.log().contains(needle) {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        false
-    }
-
-    /// Waits up to `limit` for the process to exit on its own.
-    fn exited_within(&mut self, limit: Duration) -> Option<ExitStatus> {
-        let t = Instant::now();
-        while t.elapsed() < limit {
-            if let Some(st) = self.child.try_wait().unwrap() {
-                return Some(st);
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        None
-    }
+    args.push(sock.as_os_str());
+    args.extend(extra.iter().map(std::ffi::OsStr::new));
+    ServeProcess::spawn(dir, run, args)
 }
 
 /// Request `i` uses descriptors 3i..3i+2 and its own header, data and status.
@@ -184,13 +143,13 @@ fn an_upgrade_hands_the_live_connection_over() {
     let dir = common::scratch("handover");
     let sock = dir.join("disk.sock");
     let img = image(&dir);
-    let mut old = Daemon::start(&dir, &sock, &img, 1, &[]);
+    let mut old = start(&dir, &sock, &img, 1, &[]);
     let mut f = Frontend::connect_when_listening(&sock);
     setup(&mut f);
     run(&mut f, 0, T_OUT, 0, 0xa1, || old.log());
 
     let t = Instant::now();
-    let mut new = Daemon::start(&dir, &sock, &img, 2, &["--takeover"]);
+    let mut new = start(&dir, &sock, &img, 2, &["--takeover"]);
     // A message sent while the handover may be under way is answered, by
     // the old daemon before it stops reading or by the new one after.
     let r = queue_num(&mut f);
@@ -245,9 +204,9 @@ fn an_idle_export_is_handed_over_and_accepts_frontends() {
     let dir = common::scratch("handover-idle");
     let sock = dir.join("disk.sock");
     let img = image(&dir);
-    let mut old = Daemon::start(&dir, &sock, &img, 1, &[]);
+    let mut old = start(&dir, &sock, &img, 1, &[]);
     drop(Frontend::connect_when_listening(&sock));
-    let new = Daemon::start(&dir, &sock, &img, 2, &["--takeover"]);
+    let new = start(&dir, &sock, &img, 2, &["--takeover"]);
     let st = old.exited_within(Duration::from_secs(20));
     assert!(st.is_some_and(|s| s.success()), "{}", old.log());
     let mut f = Frontend::connect_when_listening(&sock);
@@ -274,12 +233,12 @@ fn a_request_in_flight_at_the_handover_completes_once() {
         "300000000",
     ]
     .map(std::ffi::OsStr::new);
-    let mut old = Daemon::start_on(&dir, &sock, &null, 1, &[]);
+    let mut old = start_on(&dir, &sock, &null, 1, &[]);
     let mut f = Frontend::connect_when_listening(&sock);
     setup(&mut f);
     lay_out(&f, 0, T_OUT, 0, 0xe5);
     f.push(head(0));
-    let new = Daemon::start_on(&dir, &sock, &null, 2, &["--takeover"]);
+    let new = start_on(&dir, &sock, &null, 2, &["--takeover"]);
     let st = old.exited_within(Duration::from_secs(20));
     assert!(st.is_some_and(|s| s.success()), "{}", old.log());
     // Completed by the old daemon's drain, before it handed over.
@@ -322,7 +281,7 @@ fn a_successor_of_another_version_is_refused_and_the_connection_stays() {
     let dir = common::scratch("handover-refused");
     let sock = dir.join("disk.sock");
     let img = image(&dir);
-    let old = Daemon::start(&dir, &sock, &img, 1, &[]);
+    let old = start(&dir, &sock, &img, 1, &[]);
     let mut f = Frontend::connect_when_listening(&sock);
     setup(&mut f);
     run(&mut f, 0, T_OUT, 0, 0xd4, || old.log());
@@ -360,7 +319,7 @@ fn ten_upgrades_under_requests_lose_nothing() {
     let dir = common::scratch("handover-ten");
     let sock = dir.join("disk.sock");
     let img = image(&dir);
-    let first = Daemon::start(&dir, &sock, &img, 0, &[]);
+    let first = start(&dir, &sock, &img, 0, &[]);
     let mut f = Frontend::connect_when_listening(&sock);
     setup(&mut f);
     let done = Arc::new(AtomicBool::new(false));
@@ -374,7 +333,7 @@ fn ten_upgrades_under_requests_lose_nothing() {
             for k in 1..=UPGRADES {
                 std::thread::sleep(Duration::from_millis(150));
                 let t = Instant::now();
-                let new = Daemon::start(&dir, &sock, &img, k, &["--takeover"]);
+                let new = start(&dir, &sock, &img, k, &["--takeover"]);
                 let st = d.exited_within(Duration::from_secs(20));
                 assert!(
                     st.is_some_and(|s| s.success()),
@@ -449,7 +408,7 @@ fn an_upgrade_during_a_migration_keeps_logging_dirty_pages() {
     let dir = common::scratch("handover-log");
     let sock = dir.join("disk.sock");
     let img = image(&dir);
-    let mut old = Daemon::start(&dir, &sock, &img, 1, &[]);
+    let mut old = start(&dir, &sock, &img, 1, &[]);
     let mut f = Frontend::connect_when_listening(&sock);
     assert!(f.negotiate_with(PF_LOG_SHMFD) & PF_LOG_SHMFD != 0);
     assert!(f.features & F_LOG_ALL != 0, "LOG_ALL acked");
@@ -488,7 +447,7 @@ fn an_upgrade_during_a_migration_keeps_logging_dirty_pages() {
     assert_eq!(marked(&log), want, "the old daemon logs");
     log.write_all_at(&vec![0u8; needed], 0).unwrap();
 
-    let new = Daemon::start(&dir, &sock, &img, 2, &["--takeover"]);
+    let new = start(&dir, &sock, &img, 2, &["--takeover"]);
     let st = old.exited_within(Duration::from_secs(20));
     assert!(st.is_some_and(|s| s.success()), "{}", old.log());
     assert!(new.logged("rings resumed"), "{}", new.log());

@@ -31,58 +31,35 @@ const T_GET_ID: u32 = 8;
 const LATENCY_NS: u64 = 1_000_000_000;
 
 /// A `vqblk serve` process on a null export with one queue.
-struct Daemon(ServeProcess);
-
-impl std::ops::Deref for Daemon {
-    type Target = ServeProcess;
-    fn deref(&self) -> &ServeProcess {
-        &self.0
-    }
+fn start(dir: &Path, sock: &Path, run: u32) -> ServeProcess {
+    start_with(dir, sock, run, &[])
 }
 
-impl std::ops::DerefMut for Daemon {
-    fn deref_mut(&mut self) -> &mut ServeProcess {
-        &mut self.0
-    }
-}
-
-impl Daemon {
-    fn start(dir: &Path, sock: &Path, run: u32) -> Daemon {
-        Daemon::start_with(dir, sock, run, &[])
-    }
-
-    fn start_with(dir: &Path, sock: &Path, run: u32, extra: &[&str]) -> Daemon {
-        let latency = LATENCY_NS.to_string();
-        let mut args = vec![
-            "--backend",
-            "null",
-            "--size",
-            "16M",
-            "--queues",
-            "1",
-            "--iothreads",
-            "1",
-            "--poll",
-            "off",
-            "--log-level",
-            "debug",
-            "--latency-ns",
-            &latency,
-            "--socket",
-        ]
-        .into_iter()
-        .map(std::ffi::OsStr::new)
-        .collect::<Vec<_>>();
-        args.push(sock.as_os_str());
-        args.extend(extra.iter().map(std::ffi::OsStr::new));
-        Daemon(ServeProcess::spawn(dir, run, args))
-    }
-
-    fn kill(&mut self) {
-        // Child::kill sends SIGKILL: no drain, no cleanup, the socket file stays.
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-    }
+fn start_with(dir: &Path, sock: &Path, run: u32, extra: &[&str]) -> ServeProcess {
+    let latency = LATENCY_NS.to_string();
+    let mut args = vec![
+        "--backend",
+        "null",
+        "--size",
+        "16M",
+        "--queues",
+        "1",
+        "--iothreads",
+        "1",
+        "--poll",
+        "off",
+        "--log-level",
+        "debug",
+        "--latency-ns",
+        &latency,
+        "--socket",
+    ]
+    .into_iter()
+    .map(std::ffi::OsStr::new)
+    .collect::<Vec<_>>();
+    args.push(sock.as_os_str());
+    args.extend(extra.iter().map(std::ffi::OsStr::new));
+    ServeProcess::spawn(dir, run, args)
 }
 
 /// Request `i` lives on heads 3i (header), 3i+1 (data), 3i+2 (status); its
@@ -167,7 +144,7 @@ fn used_within(f: &mut Frontend, d: Duration) -> Vec<u32> {
 fn requests_in_flight_at_a_kill_complete_once_after_restart() {
     let dir = common::scratch("inflight-kill");
     let sock = dir.join("null.sock");
-    let mut d1 = Daemon::start(&dir, &sock, 1);
+    let mut d1 = start(&dir, &sock, 1);
     let mut f = Frontend::connect_when_listening(&sock);
     let mut kept = None;
     let offered = setup(&mut f, &mut kept, 0);
@@ -197,7 +174,7 @@ fn requests_in_flight_at_a_kill_complete_once_after_restart() {
     let used = f.mem.read_u16(USED + 2);
     assert_eq!(used, 2);
 
-    let d2 = Daemon::start(&dir, &sock, 2);
+    let d2 = start(&dir, &sock, 2);
     assert!(
         f.reconnect(&sock, Duration::from_secs(10)),
         "daemon 2 never listened"
@@ -246,7 +223,7 @@ fn requests_completed_in_order_are_not_redone_after_a_kill() {
     // the restarted daemon resubmits nothing and continues at the used index.
     let dir = common::scratch("inflight-idle-kill");
     let sock = dir.join("null.sock");
-    let mut d1 = Daemon::start(&dir, &sock, 1);
+    let mut d1 = start(&dir, &sock, 1);
     let mut f = Frontend::connect_when_listening(&sock);
     let mut kept = None;
     assert!(setup(&mut f, &mut kept, 0), "INFLIGHT_SHMFD offered");
@@ -256,7 +233,7 @@ fn requests_completed_in_order_are_not_redone_after_a_kill() {
     }
     assert_eq!(f.wait_used(3).map(|v| v.len()), Some(3));
     d1.kill();
-    let d2 = Daemon::start(&dir, &sock, 2);
+    let d2 = start(&dir, &sock, 2);
     assert!(f.reconnect(&sock, Duration::from_secs(10)));
     assert!(setup(&mut f, &mut kept, 3));
     for i in 0..3 {
@@ -279,7 +256,7 @@ fn requests_completed_in_order_are_not_redone_after_a_kill() {
 fn a_region_that_does_not_fit_is_refused_not_mapped() {
     let dir = common::scratch("inflight-refused");
     let sock = dir.join("null.sock");
-    let d = Daemon::start(&dir, &sock, 1);
+    let d = start(&dir, &sock, 1);
     let mut f = Frontend::connect_when_listening(&sock);
     assert!(f.negotiate_with(PF_INFLIGHT_SHMFD) & PF_INFLIGHT_SHMFD != 0);
     let (desc, file) = f.get_inflight_fd(1, QSIZE).expect("GET_INFLIGHT_FD");
@@ -363,13 +340,13 @@ fn takeover_replaces_a_running_daemon() {
     let dir = common::scratch("inflight-takeover");
     let sock = dir.join("null.sock");
     let refusal = refuse_handovers(&sock);
-    let mut old = Daemon::start(&dir, &sock, 1);
+    let mut old = start(&dir, &sock, 1);
     let mut f = Frontend::connect_when_listening(&sock);
     let mut kept = None;
     assert!(setup(&mut f, &mut kept, 0));
     lay_out(&f, 0, T_OUT, 0);
     f.push(head(0));
-    let mut new = Daemon::start_with(&dir, &sock, 2, &["--takeover"]);
+    let mut new = start_with(&dir, &sock, 2, &["--takeover"]);
     std::thread::sleep(Duration::from_millis(300));
     assert!(new.child.try_wait().unwrap().is_none(), "{}", new.log());
     assert!(new.log().contains("takeover: waiting"), "{}", new.log());
