@@ -38,7 +38,7 @@ import threading
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchlib  # noqa: E402
 from benchlib import (ROOT, cacheline_rtt, client_series, ensure_tools, make_image, median_of,  # noqa: E402
-                      qsd_throttle_args, run_bench, start_qsd, start_vqblk, stop, versions, wait_socket)
+                      qsd_throttle_args, run_bench, serving, start_qsd, start_vqblk, stop, versions, wait_socket)
 
 SERVE_HELP = """vqblk serve against qemu-storage-daemon, same client, same run.
 
@@ -729,12 +729,8 @@ def qos_limits(a, work):
             attempts = []
             for _ in range(1 + a.rerun_misses):
                 state = machine_state()
-                proc = start_vqblk(backend, image, sock, extra=["--throttle", spec])
-                try:
-                    wait_socket(sock, proc)
+                with serving(start_vqblk(backend, image, sock, extra=["--throttle", spec]), sock) as proc:
                     r = run_bench(f"unix:{sock}", depth, a.runtime, proc.pid, rw=rw, bs=str(bs))
-                finally:
-                    stop(proc)
                 got = r["iops"] * bs if by_bytes else r["iops"]
                 row = {"backend": backend, "limit": spec, "bs": bs, "depth": depth, "iops": r["iops"],
                        "mb_per_s": r["iops"] * bs / 1e6, "measured": got, "ratio": got / limit,
@@ -748,12 +744,8 @@ def qos_limits(a, work):
                     break
             if not within(attempts[-1]["ratio"], a.target_pct):
                 # What the backend does without the limit, with the same client.
-                proc = start_vqblk(backend, image, sock)
-                try:
-                    wait_socket(sock, proc)
+                with serving(start_vqblk(backend, image, sock), sock) as proc:
                     r = run_bench(f"unix:{sock}", depth, a.runtime, proc.pid, rw=rw, bs=str(bs))
-                finally:
-                    stop(proc)
                 unlimited = r["iops"] * bs if by_bytes else r["iops"]
                 for row in attempts:
                     row["unthrottled"] = unlimited
@@ -797,11 +789,8 @@ def qos_burst(a, work):
             proc = start_vqblk("null", None, sock, extra=["--throttle", a.burst])
         else:
             proc = start_qsd_throttled(sock, a.burst)
-        try:
-            wait_socket(sock, proc)
+        with serving(proc, sock):
             series[server] = client_series(f"unix:{sock}", a.burst_seconds)
-        finally:
-            stop(proc)
     v, q = series["vqblk"], series["qemu-storage-daemon"]
     print(f"\nrequests a second under {a.burst} (one client run, 4k randread QD32)")
     for server, s in states.items():
@@ -874,11 +863,8 @@ def qos_cpu(a, work):
             proc = start_qsd_throttled(sock, f"iops-total={n}")
         else:
             proc = start_vqblk(backend, None, sock, extra=extra)
-        try:
-            wait_socket(sock, proc)
+        with serving(proc, sock):
             r = run_bench(f"unix:{sock}", depth, a.runtime, proc.pid)
-        finally:
-            stop(proc)
         rows.append({"limit": n, "server": label, "depth": depth, "iops": r["iops"],
                      "server_cpu_us_per_io": r["server_cpu_us_per_io"], **state})
         print(f"cpu {n} {label}: {r['iops']:.0f} IOPS, {r['server_cpu_us_per_io']:.2f} us/IO", flush=True)
@@ -1011,9 +997,7 @@ def phases(a):
     for rep in range(a.repeats):
         order = servers[rep % len(servers):] + servers[:rep % len(servers)]
         for label, iothreads in order:
-            proc = start_vqblk(a.backend, image, sock, queues=4, iothreads=iothreads)
-            try:
-                wait_socket(sock, proc)
+            with serving(start_vqblk(a.backend, image, sock, queues=4, iothreads=iothreads), sock) as proc:
                 for cycle in range(a.cycles):
                     for name, jobs, depth in PHASES:
                         r = run_bench(f"unix:{sock}", depth, a.phase_seconds - a.settle, proc.pid,
@@ -1023,8 +1007,6 @@ def phases(a):
                         out["runs"].append(row)
                         print(f"{label} cycle {cycle} {name}: {r['iops']:.0f} IOPS, "
                               f"{r['server_cpu_us_per_io']:.2f} us/IO ({state_text(row)})", flush=True)
-            finally:
-                stop(proc)
     print("\n| phase | server | IOPS (median) | server CPU per I/O (us) | IOPS / best fixed |")
     print("|---|---|---|---|---|")
     for name, _, _ in PHASES:

@@ -2,6 +2,7 @@
 qemu-storage-daemon, run `vqblk bench` against a socket or a file, read a
 server's CPU time from /proc (summed over all of its threads), and measure the
 cache-line round trip between two CPUs."""
+import contextlib
 import json
 import os
 import re
@@ -287,6 +288,16 @@ def stop(proc):
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+@contextlib.contextmanager
+def serving(proc, sock):
+    """A started server, once its socket listens; stopped when the block ends."""
+    try:
+        wait_socket(sock, proc)
+        yield proc
+    finally:
+        stop(proc)
 
 
 def qsd_throttle_args(limits, nodes=("disk",)):
