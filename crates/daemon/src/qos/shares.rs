@@ -522,18 +522,26 @@ impl Gate {
     ) -> Option<Gate> {
         (throttle.is_some() || share.is_some()).then(|| {
             let gate = Gate { throttle, share };
-            gate.count(1);
+            gate.count(true);
             gate
         })
     }
 
-    /// Adds `n` (1 or, wrapping, -1) to the queues drawing on its buckets.
-    fn count(&self, n: usize) {
+    /// Counts this gate's queue in (`joins`) or out of the queues drawing on
+    /// its buckets.
+    fn count(&self, joins: bool) {
+        let step = |n: &AtomicUsize| {
+            if joins {
+                n.fetch_add(1, Ordering::Relaxed);
+            } else {
+                n.fetch_sub(1, Ordering::Relaxed);
+            }
+        };
         if let Some(t) = &self.throttle {
-            t.queues.fetch_add(n, Ordering::Relaxed);
+            step(&t.queues);
         }
         if let Some(s) = &self.share {
-            s.queues.fetch_add(n, Ordering::Relaxed);
+            step(&s.queues);
         }
     }
 
@@ -605,14 +613,14 @@ impl Clone for Gate {
             throttle: self.throttle.clone(),
             share: self.share.clone(),
         };
-        gate.count(1);
+        gate.count(true);
         gate
     }
 }
 
 impl Drop for Gate {
     fn drop(&mut self) {
-        self.count(usize::MAX);
+        self.count(false);
     }
 }
 
