@@ -256,10 +256,16 @@ impl DaemonState {
         exports.push(runner);
         drop(exports);
         if config.reservation_iops.is_some() || config.weight.is_some() {
-            let me = self.me.lock().unwrap().clone();
-            self.shares.start(me, self.seccomp)?;
+            self.start_shares()?;
         }
         Ok(name)
+    }
+
+    /// Starts the share allocator's thread unless it runs (an export was
+    /// given a reservation or a weight).
+    pub(crate) fn start_shares(&self) -> std::io::Result<()> {
+        let me = self.me.lock().unwrap().clone();
+        self.shares.start(me, self.seccomp)
     }
 
     /// Removes export `name`: refused while a frontend is connected unless

@@ -171,8 +171,7 @@ impl DaemonState {
         let shares = runner.config.reservation_iops.is_some() || weight.is_some();
         drop(exports);
         if shares {
-            let me = self.me.lock().unwrap().clone();
-            self.shares.start(me, self.seccomp).map_err(|e| {
+            self.start_shares().map_err(|e| {
                 ConfigError::new("export", format!("cannot start the share allocator: {e}"))
             })?;
         }
