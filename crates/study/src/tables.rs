@@ -260,7 +260,7 @@ pub fn tables(study: &Study) -> Vec<Table> {
         v.push(figure_table(study, Figure::RatioToNative));
     }
     v.push(throughput_table(study));
-    if study.merits.values().any(|m| m.auto.is_some()) {
+    if study.setups().contains(&Setup::Auto) {
         v.push(auto_table(study));
     }
     v
