@@ -78,6 +78,10 @@ pub(super) struct IoThread {
     commanded: bool,
     /// Origin of the policy's clock.
     epoch: Instant,
+    /// The thread's finished requests at the start of the last pass (the
+    /// policy weighs a wake-up against a request's round trip: requests held
+    /// over requests finished per pass).
+    finished_before: u64,
     /// The timer of held-back queues (see [`Channels::throttle_timer`]).
     throttle_timer: OwnedFd,
     /// When the timer fires (CLOCK_MONOTONIC ns; 0: disarmed).
@@ -121,6 +125,7 @@ impl IoThread {
             policy: PollPolicy::new(setup.poll_mode, setup.poll_params, 1),
             commanded: false,
             epoch: Instant::now(),
+            finished_before: 0,
             throttle_timer,
             timer_at: 0,
             timer_dirty: false,
@@ -148,6 +153,10 @@ impl IoThread {
             // executor counts it; summing the queues' counts would walk every
             // queue slot on every pass.
             self.policy.observe_in_flight(self.executor.inflight());
+            let finished = self.stats.requests.get();
+            self.policy
+                .observe_finished(finished.saturating_sub(self.finished_before) as usize);
+            self.finished_before = finished;
             let window = if serving { self.policy.poll_ns() } else { 0 };
             self.stats.poll_window_ns.set(window.min(i64::MAX as u64));
             let t0 = Instant::now();

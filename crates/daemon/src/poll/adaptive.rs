@@ -6,7 +6,9 @@
 //! starts from what polling buys. With a window `W`, an event `t` ns after the wait
 //! starts is a *hit* if `t <= W`: it costs `t` of CPU and no wake-up. Otherwise
 //! polling wasted `W` of CPU *and* the request still pays the wake-up (epoll sleep,
-//! interrupt, context switch: [`AdaptiveParams::wakeup_ns`], about 15 us). The CPU
+//! interrupt, context switch: [`PollPolicy::wakeup_ns`](super::PollPolicy::wakeup_ns),
+//! measured on this host as the lateness of a timed nap: 8-16 us on this project's
+//! VM when its host is quiet, 30-65 us when it is loaded). The CPU
 //! spent on hits is the same for every scheme that catches the event, busy polling
 //! included; what a policy controls is (a) how many wake-ups it lets through, which
 //! costs latency and so IOPS, and (b) how much CPU it burns on misses, `W` each.
@@ -50,11 +52,15 @@
 //!    (b) `p * wakeup_ns > latency_budget_pct * cycle * max(1, depth)`: the
 //!    wake-ups would cost more than the IOPS budget (2% by default) of a
 //!    request's round trip. `cycle` is the mean interval between events (EWMA,
-//!    samples capped at 1 ms) and `depth` the mean number of requests the backend
-//!    held while the thread waited (EWMA, fed by [`Adaptive::observe_in_flight`]):
-//!    by Little's law a request's round trip is `depth` cycles, and a wake-up
-//!    added to each completion of a pipeline `depth` deep costs
-//!    `wakeup / (depth * cycle)` of its IOPS, not `wakeup / cycle`. At queue depth
+//!    samples capped at 1 ms) and `depth` a request's round trip in cycles: the
+//!    mean number of requests the backend held while the thread waited (EWMA,
+//!    fed by [`Adaptive::observe_in_flight`]) over the mean number each pass
+//!    finished ([`Adaptive::observe_finished`]), at least 1. By Little's law a
+//!    request's round trip is that many cycles, and a wake-up added to each
+//!    completion of a pipeline `depth` deep costs `wakeup / (depth * cycle)` of
+//!    its IOPS, not `wakeup / cycle`; where completions come in batches (a
+//!    VM's virtual disk at iodepth 16: about 7 per pass), counting every
+//!    request held as a cycle made a wake-up look 7 times cheaper. At queue depth
 //!    1, or with a backend that completes inline (null), this is the event
 //!    cycle; an RBD image at iodepth 16 (16 requests in flight, one completion
 //!    every 50-100 us) does not pay 15-25% more CPU per I/O for polling that buys
@@ -179,6 +185,9 @@ pub(super) struct Adaptive {
     /// EWMA of the requests the backend held at the start of each wait, fixed
     /// point (`DEPTH_ONE` == 1 request).
     depth: u64,
+    /// EWMA of the requests each pass finished, fixed point (`DEPTH_ONE` == 1
+    /// request; 0: not observed, taken as 1).
+    batch: u64,
 }
 
 impl Adaptive {
@@ -195,6 +204,7 @@ impl Adaptive {
             backoff: 0,
             cycle_ns: 0,
             depth: 0,
+            batch: 0,
         }
     }
 
@@ -235,6 +245,24 @@ impl Adaptive {
     pub(super) fn observe_in_flight(&mut self, n: u64) {
         let x = n.min(DEPTH_SAMPLE_CAP) * DEPTH_ONE;
         self.depth = ewma(self.depth, x, MEAN_SHIFT);
+    }
+
+    /// The last pass finished `n` requests: feeds the batch that turns the
+    /// depth into a round trip in event intervals (rules 3a and 3b).
+    pub(super) fn observe_finished(&mut self, n: u64) {
+        let x = n.min(DEPTH_SAMPLE_CAP) * DEPTH_ONE;
+        self.batch = ewma(self.batch, x, MEAN_SHIFT);
+    }
+
+    /// A request's round trip in event intervals, fixed point (`DEPTH_ONE` ==
+    /// one interval), at least one: by Little's law the requests held divided
+    /// by the requests each event finishes. A disk's completions come in
+    /// batches (a VM's virtual disk: about 7 per wake-up at queue depth 16), and
+    /// counting each request held as one interval made the round trip 7 times
+    /// too long and a wake-up look 7 times too cheap.
+    fn round_trip(&self) -> u64 {
+        let rt = self.depth * DEPTH_ONE / self.batch.max(DEPTH_ONE);
+        rt.max(DEPTH_ONE)
     }
 
     /// One iteration: `had_event[i]` says whether source `i` had work; `polled_ns`
@@ -336,8 +364,8 @@ impl Adaptive {
         let p = u128::from(self.hit_rate);
         // Per iteration, scaled by RATE_ONE: wake-up latency that polling avoids,
         // CPU it burns on misses, and the latency the IOPS budget tolerates.
-        // A request's round trip: `depth` cycles (Little's law), at least one.
-        let depth = u128::from(self.depth.max(DEPTH_ONE));
+        // A request's round trip in cycles (Little's law), at least one.
+        let depth = u128::from(self.round_trip());
         let saved = p * u128::from(knobs.wakeup_ns);
         // Rule (a) in shares: the wake-up saved is `wakeup / (depth * cycle)` of
         // a request's round trip, the CPU wasted `(1 - p) * T / cycle` of an

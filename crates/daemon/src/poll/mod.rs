@@ -370,7 +370,7 @@ impl PollPolicy {
     pub fn nap_at(&self, now_ns: u64) -> u64 {
         match &self.algo {
             Algorithm::Adaptive(a) if self.params.poll_max_ns != 0 => {
-                let (wakeup, max) = (self.adaptive.wakeup_ns, self.params.poll_max_ns);
+                let (wakeup, max) = (self.wakeup_ns(), self.spin_max_ns());
                 nap::nap_at(a.rhythms(), &self.nap, wakeup, max, now_ns)
             }
             _ => 0,
@@ -381,7 +381,7 @@ impl PollPolicy {
     /// the timer's lateness and the gaps' spread are already spent, so what is
     /// left is the slack of the prediction, bounded by `poll-max-ns`.
     pub fn nap_spin_ns(&self) -> u64 {
-        let (wakeup, max) = (self.adaptive.wakeup_ns, self.params.poll_max_ns);
+        let (wakeup, max) = (self.wakeup_ns(), self.spin_max_ns());
         match &self.algo {
             Algorithm::Adaptive(a) => nap::spin_ns(a.rhythms(), &self.nap, wakeup, max),
             // No rhythm is learnt: no spread.
@@ -405,6 +405,50 @@ impl PollPolicy {
     /// [`Self::observe_nap`] samples, or `wakeup_ns` until one was measured.
     pub fn nap_late_ns(&self) -> u64 {
         self.nap.late_ns(self.adaptive.wakeup_ns)
+    }
+
+    /// The price of a sleep that the adaptive algorithm weighs, in ns: how late a
+    /// timed nap ends on this host once measured ([`Self::set_nap_late`],
+    /// [`Self::observe_nap`]), else the configured `wakeup_ns`. Coming out of a
+    /// sleep costs what it costs on this host: a few microseconds on bare metal,
+    /// 8-16 us on a VM whose idle vCPU exits to the hypervisor, over 60 us when
+    /// that hypervisor is loaded. A fixed figure had the policy sleep through
+    /// intervals that a sleep made four times longer.
+    pub fn wakeup_ns(&self) -> u64 {
+        self.nap
+            .measured_late_ns()
+            .unwrap_or(self.adaptive.wakeup_ns)
+    }
+
+    /// The longest the adaptive algorithm spins, in ns: `poll-max-ns`, or, at its
+    /// default ([`DEFAULT_POLL_MAX_NS`]), two wake-ups ([`Self::wakeup_ns`]) if
+    /// that is longer. QEMU's default bound suits a host where a wake-up costs
+    /// less than it; where one costs more, a spin bounded below a wake-up can
+    /// neither follow a nap (whose timer ends that late) nor wait for an event
+    /// that a sleep would deliver no sooner. An operator's own `poll-max-ns` is
+    /// kept as given.
+    pub fn spin_max_ns(&self) -> u64 {
+        let max = self.params.poll_max_ns;
+        if max == DEFAULT_POLL_MAX_NS {
+            max.max(self.wakeup_ns().saturating_mul(2))
+        } else {
+            max
+        }
+    }
+
+    /// The knobs the adaptive algorithm runs with: the configured ones, the
+    /// wake-up as measured ([`Self::wakeup_ns`]) and the window bounded by
+    /// [`Self::spin_max_ns`].
+    fn adaptive_knobs(&self) -> (PollParams, AdaptiveParams) {
+        let params = PollParams {
+            poll_max_ns: self.spin_max_ns(),
+            ..self.params
+        };
+        let knobs = AdaptiveParams {
+            wakeup_ns: self.wakeup_ns(),
+            ..self.adaptive
+        };
+        (params, knobs)
     }
 
     /// Thread CPU time that one nap costs, in ns (measured or [`DEFAULT_NAP_CPU_NS`]).
@@ -444,7 +488,7 @@ impl PollPolicy {
             Algorithm::Busy => Some(u64::MAX),
             Algorithm::Classic(c) => c.source_ns(source),
             Algorithm::Weighted(w) => w.source_ns(source),
-            Algorithm::Adaptive(a) => a.source_ns(source, &self.adaptive, self.params.poll_max_ns),
+            Algorithm::Adaptive(a) => a.source_ns(source, &self.adaptive, self.spin_max_ns()),
         }
     }
 
@@ -455,6 +499,15 @@ impl PollPolicy {
     pub fn observe_in_flight(&mut self, n: usize) {
         if let Algorithm::Adaptive(a) = &mut self.algo {
             a.observe_in_flight(n as u64);
+        }
+    }
+
+    /// Called once per event-loop iteration before it waits: the last pass
+    /// finished `n` requests. With [`Self::observe_in_flight`] it gives a
+    /// request's round trip in event intervals (adaptive; other modes ignore it).
+    pub fn observe_finished(&mut self, n: usize) {
+        if let Algorithm::Adaptive(a) = &mut self.algo {
+            a.observe_finished(n as u64);
         }
     }
 
@@ -476,7 +529,8 @@ impl PollPolicy {
                     *e = true;
                 }
             }
-            let (params, knobs) = (&self.params, &self.adaptive);
+            let params = &self.params;
+            let (adaptive_params, knobs) = self.adaptive_knobs();
             match &mut self.algo {
                 Algorithm::Off | Algorithm::Busy => {}
                 Algorithm::Classic(c) => c.update(block_ns, &self.had_event, params),
@@ -486,8 +540,8 @@ impl PollPolicy {
                     &self.had_event,
                     polled_hit,
                     self.window_ns,
-                    params,
-                    knobs,
+                    &adaptive_params,
+                    &knobs,
                 ),
             }
             self.had_event.fill(false);
@@ -497,13 +551,14 @@ impl PollPolicy {
 
     /// Recomputes `window_ns` (and the adaptive target) from the current state.
     fn refresh_window(&mut self) {
+        let (adaptive_params, knobs) = self.adaptive_knobs();
         self.window_ns = match &mut self.algo {
             Algorithm::Off => 0,
             Algorithm::Busy => u64::MAX,
             _ if self.params.poll_max_ns == 0 => 0,
             Algorithm::Classic(c) => c.window(),
             Algorithm::Weighted(w) => w.window(),
-            Algorithm::Adaptive(a) => a.refresh(&self.params, &self.adaptive),
+            Algorithm::Adaptive(a) => a.refresh(&adaptive_params, &knobs),
         };
     }
 

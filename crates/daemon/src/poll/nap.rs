@@ -104,6 +104,11 @@ impl NapTiming {
         }
     }
 
+    /// How late a nap typically ends, once measured.
+    pub(super) fn measured_late_ns(&self) -> Option<u64> {
+        (self.late_ns != 0).then_some(self.late_ns)
+    }
+
     /// How late a nap typically ends: the mean, or `wakeup_ns` until measured.
     fn mean_late_ns(&self, wakeup_ns: u64) -> u64 {
         if self.late_ns == 0 {

@@ -55,6 +55,9 @@ pub struct SimEvent {
     /// Requests the backend holds while the thread waits for it
     /// ([`PollPolicy::observe_in_flight`]).
     pub in_flight: usize,
+    /// Requests the pass handling the event finishes
+    /// ([`PollPolicy::observe_finished`]).
+    pub finished: usize,
 }
 
 /// Replays a trace through `policy`: each entry is the time from the start of a wait
@@ -72,6 +75,7 @@ pub fn simulate(policy: &mut PollPolicy, intervals_ns: &[u64]) -> SimResult {
             interval_ns: t,
             source: 0,
             in_flight: 0,
+            finished: 0,
         }),
     )
 }
@@ -97,6 +101,7 @@ pub fn simulate_events(
             r.added_latency_ns = r.added_latency_ns.saturating_add(WAKEUP_LATENCY_NS);
             policy.update(t.saturating_add(WAKEUP_LATENCY_NS), &[e.source], false);
         }
+        policy.observe_finished(e.finished);
     }
     r
 }

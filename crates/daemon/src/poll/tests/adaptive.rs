@@ -266,12 +266,18 @@ fn adaptive_latency_budget_keeps_polling_when_sleeping_costs_iops() {
 /// Runs `trace` through `p` as [`simulate`] does, the backend holding `depth`
 /// requests at each wait.
 fn simulate_at_depth(p: &mut PollPolicy, trace: &[u64], depth: usize) -> SimResult {
+    simulate_batched(p, trace, depth, 1)
+}
+
+/// As [`simulate_at_depth`], each event finishing `batch` requests.
+fn simulate_batched(p: &mut PollPolicy, trace: &[u64], depth: usize, batch: usize) -> SimResult {
     simulate_events(
         p,
         trace.iter().map(|&t| SimEvent {
             interval_ns: t,
             source: 0,
             in_flight: depth,
+            finished: batch,
         }),
     )
 }
@@ -303,6 +309,27 @@ fn adaptive_latency_budget_is_a_share_of_the_round_trip_not_of_one_interval() {
         deep.wasted_cpu_ns * 5 < shallow.wasted_cpu_ns,
         "{deep:?} vs {shallow:?}"
     );
+}
+
+#[test]
+fn adaptive_round_trip_counts_the_requests_each_event_finishes() {
+    // The trace of the test above, 16 requests in flight, but every event
+    // finishes 8 of them (a disk that completes in batches): a round trip is
+    // 2 event intervals, not 16, and the wake-ups that polling avoids add
+    // ~6% to it, above the IOPS budget. Polling goes on as at depth 1.
+    let mut rng = Rng(5);
+    let trace: Vec<u64> = (0..5000).map(|_| rng.range(20_000, 60_000)).collect();
+    let pollable = trace.iter().filter(|&&t| t <= 32_768).count() as u64;
+    let mut p = adaptive();
+    let batched = simulate_batched(&mut p, &trace, 16, 8);
+    assert!(
+        batched.hits * 100 >= pollable * 95,
+        "{batched:?} of {pollable}"
+    );
+    // One request per event is the depth as it is.
+    let mut p = adaptive();
+    let deep = simulate_batched(&mut p, &trace, 16, 1);
+    assert!(deep.hits * 100 <= pollable * 20, "{deep:?} of {pollable}");
 }
 
 #[test]
@@ -358,6 +385,7 @@ fn adaptive_forgets_a_source_whose_events_all_come_late_now() {
             interval_ns: if completion { 300_000 } else { 25_000 },
             source: usize::from(!completion),
             in_flight: usize::from(completion),
+            finished: usize::from(completion),
         }
     });
     let wasted = simulate_events(&mut p, alternating).wasted_cpu_ns;
@@ -369,4 +397,57 @@ fn adaptive_forgets_a_source_whose_events_all_come_late_now() {
     // It polls in vain before the first 32 completions only (~1 ms); without
     // forgetting it did before each of the 200 (~6.4 ms).
     assert!(wasted < 1_500_000, "wasted {wasted} ns polling");
+}
+
+/// Replays `trace` (source 0, nothing in flight) on a host where coming out of a
+/// sleep takes `wakeup_ns`: as [`simulate`], with the host's own wake-up instead
+/// of [`WAKEUP_LATENCY_NS`]. Returns the hits and sleeps.
+fn replay_on_host(p: &mut PollPolicy, trace: &[u64], wakeup_ns: u64) -> (usize, usize) {
+    let (mut hits, mut sleeps) = (0, 0);
+    for &t in trace {
+        if t <= p.poll_ns() {
+            hits += 1;
+            p.update(t, &[0], true);
+        } else {
+            sleeps += 1;
+            p.update(t + wakeup_ns, &[0], false);
+        }
+    }
+    (hits, sleeps)
+}
+
+#[test]
+fn adaptive_weighs_the_wake_up_this_host_measured() {
+    // A loaded VM: a timed nap ends 60 us late, and so does every sleep.
+    let host = |max: u64| {
+        let mut p = PollPolicy::new(PollMode::Adaptive, params(max, 0, 0, 0), 1);
+        p.set_nap_late(60_000, 5_000);
+        p
+    };
+    let p = host(DEFAULT_POLL_MAX_NS);
+    assert_eq!(p.wakeup_ns(), 60_000);
+    assert_eq!(p.spin_max_ns(), 120_000);
+    assert_eq!(adaptive().wakeup_ns(), WAKEUP_LATENCY_NS, "until measured");
+    assert_eq!(adaptive().spin_max_ns(), DEFAULT_POLL_MAX_NS);
+
+    // A blocking client at queue depth 1: its next request comes 20 us after
+    // the completion. Each sleep makes that wait 80 us; taking 15 us off it
+    // left 65 us, above poll-max-ns, so the interval was never learnt and the
+    // thread slept before every request.
+    let mut p = host(DEFAULT_POLL_MAX_NS);
+    let (hits, _) = replay_on_host(&mut p, &[20_000; 500], 60_000);
+    assert!(hits >= 490, "{hits} of 500 caught by polling");
+
+    // 45 us gaps: longer than QEMU's default bound, shorter than a wake-up
+    // here. Spinning through them is what keeps the IOPS.
+    let mut p = host(DEFAULT_POLL_MAX_NS);
+    let (hits, _) = replay_on_host(&mut p, &[45_000; 500], 60_000);
+    assert!(hits >= 490, "{hits} of 500 caught by polling");
+
+    // An operator's own poll-max-ns bounds the spin as given.
+    let mut p = host(40_000);
+    assert_eq!(p.spin_max_ns(), 40_000);
+    let (hits, _) = replay_on_host(&mut p, &[45_000; 500], 60_000);
+    assert_eq!(hits, 0);
+    assert!(p.poll_ns() <= 40_000);
 }
