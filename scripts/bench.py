@@ -265,7 +265,11 @@ defaults) on the null backend and an O_DIRECT raw file, runs 4k randread and
 randwrite with 1 and 2 jobs at iodepth 1, 4 and 16 through the same libblkio
 client, and reports IOPS, p99 completion latency and the server's CPU seconds
 per second (all threads, from /proc). The summary compares adaptive against
-busy and weighted.
+busy and weighted, and says in which cells another mode dominates the default
+(more than 3% more IOPS at more than 3% less server CPU). --wait-modes adds
+the client's polling mode (loop) beside its sleeping one (block); pin the
+servers and the client (--server-cpus 1 --client-cpus 0) to compare with
+`serve`, and the cache-line round trip is printed per cell.
 
 A backend "null:NS" is the null backend completing each request NS ns after
 submission (vqblk --latency-ns, qemu-storage-daemon null-co latency-ns): a
@@ -281,6 +285,10 @@ POLL_SERVERS = {
     "adaptive": ["--poll", "adaptive"],
 }
 
+# How much more IOPS at how much less CPU another polling mode must show to
+# dominate the default in a cell: less is within a run's spread here.
+DOMINANCE_MARGIN = 0.03
+
 
 def polling(a):
     ensure_tools()
@@ -293,9 +301,11 @@ def polling(a):
     image = os.path.join(work, "bench.raw")
     if "file" in a.backends.split(","):
         make_image(image, 256)
-    cells = [(rw, j, d) for rw in a.rws.split(",") for j in map(int, a.jobs.split(","))
-             for d in map(int, a.depths.split(","))]
-    max_jobs = max(j for _, j, _ in cells)
+    cells = [(rw, j, d, w) for rw in a.rws.split(",") for j in map(int, a.jobs.split(","))
+             for d in map(int, a.depths.split(",")) for w in a.wait_modes.split(",")]
+    max_jobs = max(j for _, j, _, _ in cells)
+    rtt_cpus = [a.server_cpus, a.client_cpus] if (a.server_cpus or "").isdigit() and \
+        (a.client_cpus or "").isdigit() else None
     results = []
     for backend in a.backends.split(","):
         # Every server of a backend runs at once (idle ones sleep: no queue is
@@ -307,54 +317,86 @@ def polling(a):
                 if os.path.exists(sock):
                     os.unlink(sock)
                 if server == "qsd":
-                    proc = start_qsd(backend, image, sock, queues=max_jobs, poll_max_ns=a.poll_max_ns)
+                    proc = start_qsd(backend, image, sock, queues=max_jobs, poll_max_ns=a.poll_max_ns,
+                                     cpus=a.server_cpus)
+                elif server == "baseline":
+                    proc = start_vqblk(backend, image, sock, queues=max_jobs, iothreads=1,
+                                       extra=a.baseline_extra.split(), binary=a.baseline, cpus=a.server_cpus)
                 else:
                     proc = start_vqblk(backend, image, sock, queues=max_jobs, iothreads=1,
-                                       extra=servers_args[server], binary=a.vqblk)
+                                       extra=servers_args[server], binary=a.vqblk, cpus=a.server_cpus)
                 procs[server] = (proc, sock)
                 wait_socket(sock, proc)
-            for rw, jobs, depth in cells:
+            order = list(procs)
+            for rw, jobs, depth, wait in cells:
                 runs = {server: [] for server in procs}
-                for _ in range(a.repeats):
-                    for server, (proc, sock) in procs.items():
+                rtts = []
+                for rep in range(a.repeats):
+                    # The order rotates with the repeat: no server always runs
+                    # first, right after another one's load.
+                    for server in order[rep % len(order):] + order[:rep % len(order)]:
+                        proc, sock = procs[server]
+                        if rtt_cpus:
+                            rtts.append(cacheline_rtt(rtt_cpus))
                         runs[server].append(run_bench(f"unix:{sock}", depth, a.runtime, proc.pid, rw=rw,
-                                                      numjobs=jobs))
+                                                      numjobs=jobs, cpus=a.client_cpus,
+                                                      extra=["--libblkio_wait_mode", wait]))
+                if rtt_cpus:
+                    rtts.append(cacheline_rtt(rtt_cpus))
+                rtt = f"  cache-line rtt {min(rtts):.0f}-{max(rtts):.0f} ns" if rtts else ""
                 for server, rs in runs.items():
                     m = median_of(rs)
                     results.append({"server": server, "backend": backend, "rw": rw, "jobs": jobs,
-                                    "iodepth": depth, **m})
-                    print(f"{server:9} {backend:4} {rw:9} j{jobs} qd{depth:<2} {m['iops']:9.0f} IOPS"
-                          f"  p99 {m['p99_us']:8.1f} us  CPU {m['server_cpu_per_s']:5.2f} s/s", flush=True)
+                                    "iodepth": depth, "wait_mode": wait, "cacheline_rtt_ns": rtts, **m})
+                    print(f"{server:9} {backend:4} {rw:9} j{jobs} qd{depth:<2} {wait:5} {m['iops']:9.0f} IOPS"
+                          f"  p99 {m['p99_us']:8.1f} us  CPU {m['server_cpu_per_s']:5.2f} s/s{rtt}", flush=True)
         finally:
             for proc, _ in procs.values():
                 stop(proc)
 
-    def cell(server, backend, rw, jobs, depth):
+    def cell(server, backend, rw, jobs, depth, wait):
         for r in results:
-            if (r["server"], r["backend"], r["rw"], r["jobs"], r["iodepth"]) == (server, backend, rw, jobs, depth):
+            if (r["server"], r["backend"], r["rw"], r["jobs"], r["iodepth"], r["wait_mode"]) == \
+                    (server, backend, rw, jobs, depth, wait):
                 return r
         return None
 
     servers = a.servers.split(",")
-    print("\n| backend | rw | jobs | iodepth | " + " | ".join(f"{s} IOPS / p99 us / CPU" for s in servers) + " |")
-    print("|---|---|---|---|" + "---|" * len(servers))
+    print("\n| backend | rw | jobs | iodepth | client | " + " | ".join(f"{s} IOPS / p99 us / CPU" for s in servers)
+          + " |")
+    print("|---|---|---|---|---|" + "---|" * len(servers))
     summary = []
+    dominance = []
     for backend in a.backends.split(","):
-        for rw, jobs, depth in cells:
+        for rw, jobs, depth, wait in cells:
             row = []
             for s in servers:
-                r = cell(s, backend, rw, jobs, depth)
+                r = cell(s, backend, rw, jobs, depth, wait)
                 row.append(f"{r['iops']:.0f} / {r['p99_us']:.0f} / {r['server_cpu_per_s']:.2f}" if r else "-")
-            print(f"| {backend} | {rw} | {jobs} | {depth} | " + " | ".join(row) + " |")
-            ad, busy, wt = (cell(s, backend, rw, jobs, depth) for s in ("adaptive", "busy", "weighted"))
+            print(f"| {backend} | {rw} | {jobs} | {depth} | {wait} | " + " | ".join(row) + " |")
+            label = f"{backend} {rw} j{jobs} qd{depth} {wait}"
+            ad, busy, wt = (cell(s, backend, rw, jobs, depth, wait) for s in ("adaptive", "busy", "weighted"))
             if ad and busy and wt:
                 summary.append({
-                    "cell": f"{backend} {rw} j{jobs} qd{depth}",
+                    "cell": label,
                     "backend": backend,
                     "iops_vs_busy": ad["iops"] / busy["iops"],
                     "cpu_vs_busy": ad["server_cpu_per_s"] / busy["server_cpu_per_s"],
                     "cpu_per_io_vs_weighted": (ad["server_cpu_per_s"] / ad["iops"])
                     / (wt["server_cpu_per_s"] / wt["iops"]),
+                })
+            if ad:
+                # Another mode dominates the default where it does more than
+                # DOMINANCE_MARGIN more IOPS at more than DOMINANCE_MARGIN less
+                # server CPU (cores).
+                others = {s: cell(s, backend, rw, jobs, depth, wait) for s in POLL_SERVERS if s != "adaptive"}
+                ratios = {s: (r["iops"] / ad["iops"], r["server_cpu_per_s"] / ad["server_cpu_per_s"])
+                          for s, r in others.items() if r}
+                dominance.append({
+                    "cell": label, "backend": backend, "adaptive_iops": ad["iops"],
+                    "adaptive_cpu": ad["server_cpu_per_s"], "ratios": ratios,
+                    "dominated_by": [s for s, (i, c) in ratios.items()
+                                     if i > 1 + DOMINANCE_MARGIN and c < 1 - DOMINANCE_MARGIN],
                 })
     if summary:
         print("\n| cell | adaptive IOPS / busy | adaptive CPU / busy | adaptive CPU per I/O / weighted |")
@@ -372,11 +414,25 @@ def polling(a):
             print(f"mean adaptive CPU / busy: {sum(s['cpu_vs_busy'] for s in rows) / n:.2f} (goal <= 0.75)")
             print(f"cells where adaptive CPU per I/O > weighted: "
                   f"{sum(1 for s in rows if s['cpu_per_io_vs_weighted'] > 1.0)} of {n}")
+    if dominance:
+        modes = [s for s in POLL_SERVERS if s != "adaptive" and s in servers]
+        print("\nThe default (adaptive) against every other mode: other / adaptive, IOPS and server CPU (cores)")
+        print("\n| cell | adaptive IOPS / CPU | " + " | ".join(f"{m} IOPS / CPU" for m in modes) + " | dominated by |")
+        print("|---|---|" + "---|" * len(modes) + "---|")
+        for d in dominance:
+            cols = [f"{d['ratios'][m][0]:.2f} / {d['ratios'][m][1]:.2f}" if m in d["ratios"] else "-" for m in modes]
+            print(f"| {d['cell']} | {d['adaptive_iops']:.0f} / {d['adaptive_cpu']:.2f} | " + " | ".join(cols)
+                  + f" | {', '.join(d['dominated_by']) or '-'} |")
+        print(f"\ncells where another mode beats adaptive on both IOPS and CPU by more than "
+              f"{DOMINANCE_MARGIN:.0%}: {sum(1 for d in dominance if d['dominated_by'])} of {len(dominance)}")
+        file_busy = [d["ratios"]["busy"][0] for d in dominance if d["backend"] == "file" and "busy" in d["ratios"]]
+        if file_busy:
+            print(f"file cells: min adaptive IOPS / busy {1 / max(file_busy):.2f} (goal >= 0.95)")
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"versions": versions(), "runtime": a.runtime, "repeats": a.repeats,
                        "poll_max_ns": a.poll_max_ns, "results": results,
-                       "summary": summary}, f, indent=2)
+                       "summary": summary, "dominance": dominance}, f, indent=2)
 
 
 CLIENT_HELP = """Is the load generator the bottleneck? How many IOPS one `vqblk bench` job
@@ -1075,6 +1131,15 @@ def parser():
     p.add_argument("--servers", default=",".join([*POLL_SERVERS, "qsd"]))
     p.add_argument("--poll-max-ns", type=int, default=None,
                    help="poll-max-ns of the classic, weighted and adaptive servers (default: QEMU's 32768)")
+    p.add_argument("--baseline", default=None, metavar="BINARY",
+                   help="another vqblk binary, served as 'baseline' (add it to --servers) for an A/B")
+    p.add_argument("--baseline-extra", default="--poll adaptive", help="serve flags of the baseline")
+    p.add_argument("--wait-modes", default="block",
+                   help="comma-separated libblkio_wait_mode of the client: block (sleeps, as a guest), loop (polls)")
+    p.add_argument("--server-cpus", default=None, help="taskset CPU list for every server (e.g. 1)")
+    p.add_argument("--client-cpus", default=None,
+                   help="taskset CPU list for the client (e.g. 0); with both pinned to one CPU each, "
+                        "the cache-line round trip between them is measured before every run")
 
     command("client", CLIENT_HELP, client, 5, 3)
 
