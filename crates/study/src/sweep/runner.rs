@@ -213,9 +213,11 @@ impl<'a> Sweep<'a> {
         let Some(argv) = self.plan.server_argv(setup) else {
             return Ok(None);
         };
-        let log_name = format!("{}.log", setup.label().replace('=', "-"));
-        let log = self.plan.work_dir.join(log_name);
-        let s = ServerProc::start(&argv, &self.plan.socket(), &log)?;
+        let log = self
+            .plan
+            .work_dir
+            .join(format!("{}.log", Plan::file_stem(setup)));
+        let s = ServerProc::start(&argv, &self.plan.socket(setup), &log)?;
         self.w.write(&Record::Server(Server {
             setup: setup.label(),
             iothreads: setup.count().unwrap_or(0),

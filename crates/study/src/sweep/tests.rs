@@ -85,7 +85,12 @@ fn null_plan_has_no_native_and_the_baseline_is_poll_off() {
     let bench = shell_join(&p.bench_argv(&cell, Setup::IoThreads(2), Some(42)));
     assert!(bench.contains("--rw randwrite --bs 4096 --numjobs 4 --iodepth 16 --runtime 1000ms --ramp_time 250ms --time_based --group_reporting --output-format json --server-pid 42"), "{bench}");
     let t = p.command_templates();
-    assert!(t["serve"].contains("--iothreads K"), "{}", t["serve"]);
+    assert!(
+        t["serve"].contains("iothreads-K.sock") && t["serve"].contains("--iothreads K"),
+        "{}",
+        t["serve"]
+    );
+    assert!(t["bench"].contains("COLUMN.sock"), "{}", t["bench"]);
     assert!(
         t["bench"].contains("--rw OP --bs BS --numjobs JOBS --iodepth DEPTH"),
         "{}",
@@ -109,11 +114,21 @@ fn serve_columns_are_typed_serve_commands() {
     assert_eq!(base.size, Some(64 << 20));
     assert_eq!((base.iothreads, base.poll), (Some(1), Some(PollMode::Off)));
     assert_eq!(base.queues, Some(4));
-    assert_eq!(base.socket, Some(p.socket()));
+    assert_eq!(base.socket, Some(p.socket(Setup::Baseline)));
     let two = p.serve_command(Setup::IoThreads(2)).unwrap();
     assert_eq!(
         (two.iothreads, two.poll),
         (Some(2), Some(PollMode::Weighted))
+    );
+    assert_eq!(
+        two.socket,
+        Some(p.socket(Setup::IoThreads(2))),
+        "every column's server runs for the whole sweep, on its own socket"
+    );
+    assert_ne!(p.socket(Setup::IoThreads(2)), p.socket(Setup::Baseline));
+    assert_eq!(
+        p.bench_argv(&p.matrix.cells()[0], Setup::IoThreads(2), None)[3],
+        format!("unix:{}", p.socket(Setup::IoThreads(2)).display())
     );
     assert_eq!(
         p.server_argv(Setup::IoThreads(2)).unwrap(),
