@@ -321,3 +321,87 @@ fn qsd_reads_rbd_images_with_its_own_driver() {
         "{b}"
     );
 }
+
+/// The columns interleave within each cell: a cell's runs of every column are
+/// done together, repeat `i` starts at the `i`-th column, and a resumed sweep
+/// does only the runs missing from the results (with the warm-ups of the columns
+/// that miss some).
+#[test]
+fn columns_interleave_within_each_cell() {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use super::runner::{order, Step};
+    let cell = |jobs| Cell {
+        bs: 4096,
+        op: Op::Randread,
+        jobs,
+        iodepth: 1,
+    };
+    let (b, one, two) = (Setup::Baseline, Setup::IoThreads(1), Setup::IoThreads(2));
+    let cells = [cell(1), cell(4)];
+    let setups = [b, one, two];
+    let steps = order(&cells, &setups, &BTreeMap::new(), 3, 1);
+    assert_eq!(steps.len(), 2 * 3 * (1 + 3));
+    let mut seen: Vec<Cell> = steps.iter().map(|s| s.cell).collect();
+    seen.dedup();
+    assert_eq!(
+        seen, cells,
+        "each cell's runs are contiguous, in matrix order"
+    );
+    for half in steps.chunks(12) {
+        let warmups: Vec<(Setup, Option<u32>)> =
+            half[..3].iter().map(|s| (s.setup, s.run)).collect();
+        assert_eq!(warmups, [(b, None), (one, None), (two, None)]);
+        let measured: Vec<(u32, Setup)> = half[3..]
+            .iter()
+            .map(|s| (s.run.expect("measured"), s.setup))
+            .collect();
+        assert_eq!(
+            measured,
+            [
+                (1, b),
+                (1, one),
+                (1, two),
+                (2, one),
+                (2, two),
+                (2, b),
+                (3, two),
+                (3, b),
+                (3, one)
+            ],
+            "the first column rotates with the repeat"
+        );
+    }
+
+    let mut done = BTreeMap::new();
+    done.insert((cell(1), b), BTreeSet::from([1, 2, 3]));
+    done.insert((cell(1), one), BTreeSet::from([1, 3]));
+    done.insert((cell(1), two), BTreeSet::from([1, 2, 3]));
+    done.insert((cell(4), two), BTreeSet::from([2]));
+    let steps = order(&cells, &setups, &done, 3, 1);
+    let step = |c, setup, run| Step {
+        cell: c,
+        setup,
+        run,
+    };
+    assert_eq!(
+        steps[..2],
+        [step(cell(1), one, None), step(cell(1), one, Some(2))],
+        "only the missing run, after its column's warm-up"
+    );
+    assert_eq!(steps.len(), 2 + 12 - 1);
+    assert!(!steps.contains(&step(cell(4), two, Some(2))));
+    assert_eq!(steps[2..5].iter().filter(|s| s.run.is_none()).count(), 3);
+
+    assert!(order(&cells, &setups, &BTreeMap::new(), 2, 0)
+        .iter()
+        .all(|s| s.run.is_some()));
+    let all: BTreeMap<_, _> = cells
+        .iter()
+        .flat_map(|&c| setups.map(|s| ((c, s), BTreeSet::from([1, 2]))))
+        .collect();
+    assert!(
+        order(&cells, &setups, &all, 2, 1).is_empty(),
+        "nothing left to do"
+    );
+}
