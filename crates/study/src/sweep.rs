@@ -1,13 +1,16 @@
 //! `vqblk sweep`: runs the matrix at every IOThread count and appends each measured
 //! run to a JSON Lines file.
 //!
-//! For each column (native, baseline, each IOThread count) one server is started
-//! (`vqblk serve`, or qemu-storage-daemon for `--baseline qemu-storage-daemon`) with
-//! as many virtqueues as the largest job count, and every cell runs against it with
-//! `vqblk bench`: `warmups` discarded runs, then `repeats` measured ones. Both
-//! processes are the running executable itself, so the sweep measures exactly what
-//! users run (`--vqblk PATH` names another one). Native runs `vqblk bench` on the image
-//! or device directly.
+//! For each column (native, baseline, each IOThread count, auto) one server is
+//! started (`vqblk serve`, or qemu-storage-daemon for `--baseline
+//! qemu-storage-daemon`) with as many virtqueues as the largest job count, on its own
+//! socket, and all of them run for the whole sweep. Every cell runs against each with
+//! `vqblk bench`: `warmups` discarded runs, then `repeats` measured ones, the columns
+//! interleaved within the cell (repeat by repeat, in a rotating order) so that a
+//! host that drifts over the sweep weighs on every column alike. Both processes are
+//! the running executable itself, so the sweep measures exactly what users run
+//! (`--vqblk PATH` names another one). Native runs `vqblk bench` on the image or
+//! device directly.
 //!
 //! - [`plan`] decides everything before anything runs: storage, columns, command lines;
 //! - `runner` measures the plan, resumable, and appends every run to the results;

@@ -339,9 +339,17 @@ impl Plan {
         })
     }
 
-    /// The vhost-user socket every server of the sweep listens on.
-    pub fn socket(&self) -> PathBuf {
-        self.work_dir.join("disk.sock")
+    /// The file name stem of a column's socket and server log: its label, which
+    /// names it in the results, without the `=` a shell would trip on.
+    pub fn file_stem(setup: Setup) -> String {
+        setup.label().replace('=', "-")
+    }
+
+    /// The vhost-user socket the server of a column listens on: one per column,
+    /// since every column's server runs for the whole sweep.
+    pub fn socket(&self, setup: Setup) -> PathBuf {
+        self.work_dir
+            .join(format!("{}.sock", Self::file_stem(setup)))
     }
 
     /// The `vqblk serve` of a column (None for native and a qemu-storage-daemon
@@ -355,7 +363,7 @@ impl Plan {
             Setup::Auto => (None, self.poll),
         };
         let mut cmd = ServeCommand {
-            socket: Some(self.socket()),
+            socket: Some(self.socket(setup)),
             queues: Some(self.matrix.queues() as u16),
             iothreads: threads,
             iothreads_auto: setup == Setup::Auto,
@@ -404,7 +412,7 @@ impl Plan {
         };
         let export = format!(
             "type=vhost-user-blk,id=e,node-name=d,addr.type=unix,addr.path={},writable=on,num-queues={},iothread=iot0",
-            self.socket().display(),
+            self.socket(Setup::Baseline).display(),
             self.matrix.queues()
         );
         [
@@ -437,7 +445,7 @@ impl Plan {
             (Setup::Native, Target::Image { path, .. }) => format!("file:{}", path.display()),
             (Setup::Native, Target::Device { path, .. }) => format!("dev:{}", path.display()),
             (Setup::Native, Target::Rbd { spec, .. }) => format!("rbd:{spec}"),
-            _ => format!("unix:{}", self.socket().display()),
+            _ => format!("unix:{}", self.socket(setup).display()),
         };
         let mut v: Vec<String> = vec![
             self.exe.display().to_string(),
@@ -496,7 +504,9 @@ impl Plan {
         if let Some(a) = self.server_argv(Setup::IoThreads(k)) {
             m.insert(
                 "serve".into(),
-                shell_join(&a).replace(&format!("--iothreads {k}"), "--iothreads K"),
+                shell_join(&a)
+                    .replace(&format!("--iothreads {k}"), "--iothreads K")
+                    .replace(&format!("iothreads-{k}.sock"), "iothreads-K.sock"),
             );
         }
         if let Some(a) = self.server_argv(Setup::Baseline) {
@@ -517,6 +527,7 @@ impl Plan {
                 .replace("--numjobs 1", "--numjobs JOBS")
                 .replace("--iodepth 1 ", "--iodepth DEPTH ")
                 .replace("--server-pid 0", "--server-pid SERVER_PID")
+                .replace("baseline.sock", "COLUMN.sock")
         };
         m.insert(
             "bench".into(),

@@ -1,7 +1,10 @@
-//! Measures a [`Plan`]: resumes from the results file, starts one server per
-//! column, runs every cell's warm-ups and repeats, retries a failed run once, and
-//! appends every record as it happens.
+//! Measures a [`Plan`]: resumes from the results file, starts the server of every
+//! column at once, and goes through the cells in matrix order; within a cell, every
+//! column's warm-ups, then each measured repeat of every column in turn (see
+//! [`order`]). A failed run is retried once, and every record is appended as it
+//! happens.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::IsTerminal;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -17,11 +20,61 @@ use super::{BaselineKind, SweepArgs};
 use crate::matrix::{Cell, Setup};
 use crate::results::{Header, Host, Record, Results, Run, RunError, Server, Skip, Writer, FORMAT};
 
-/// A cell still to measure in one column, with the run indexes missing.
-type Pending = (Cell, Vec<u32>);
+/// One bench run of the sweep: a cell in a column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Step {
+    pub(super) cell: Cell,
+    pub(super) setup: Setup,
+    /// The measured run's index (1-based); None for a warm-up, which is discarded.
+    pub(super) run: Option<u32>,
+}
 
-/// Per column: the cells still to measure.
-type Todo = Vec<(Setup, Vec<Pending>)>;
+/// The runs still to do, in the order they are done. Cells in matrix order; within
+/// a cell, the warm-ups of every column that still misses a run of it, then for
+/// each repeat `i` the columns that miss run `i`, starting at the `i`-th column of
+/// `setups` and wrapping round. So the columns of a cell are measured side by side
+/// and none is always first or last: a host that drifts during the sweep (a disk
+/// slowing down, a neighbour's load) weighs on every column alike instead of on
+/// those measured after the drift. `done`: the runs already in the results file.
+pub(super) fn order(
+    cells: &[Cell],
+    setups: &[Setup],
+    done: &BTreeMap<(Cell, Setup), BTreeSet<u32>>,
+    repeats: u32,
+    warmups: u32,
+) -> Vec<Step> {
+    let mut steps = Vec::new();
+    for &cell in cells {
+        let missing =
+            |setup: Setup, run: u32| !done.get(&(cell, setup)).is_some_and(|d| d.contains(&run));
+        for &setup in setups {
+            if (1..=repeats).any(|i| missing(setup, i)) {
+                steps.extend((0..warmups).map(|_| Step {
+                    cell,
+                    setup,
+                    run: None,
+                }));
+            }
+        }
+        for i in 1..=repeats {
+            let rotated = setups
+                .iter()
+                .cycle()
+                .skip(i as usize - 1)
+                .take(setups.len());
+            for &setup in rotated {
+                if missing(setup, i) {
+                    steps.push(Step {
+                        cell,
+                        setup,
+                        run: Some(i),
+                    });
+                }
+            }
+        }
+    }
+    steps
+}
 
 /// `vqblk sweep`: see [`super::run`].
 pub(super) fn run(args: &SweepArgs) -> anyhow::Result<i32> {
@@ -33,9 +86,14 @@ pub(super) fn run(args: &SweepArgs) -> anyhow::Result<i32> {
         Results::default()
     };
     check_resumable(&existing, &plan, &args.results)?;
-    let todo = pending(&plan, &existing);
-    let total_runs = run_count(&plan, &todo);
-    announce(&plan, total_runs, existing.runs.len());
+    let steps = order(
+        &plan.matrix.cells(),
+        &plan.setups,
+        &existing.done(),
+        plan.repeats,
+        plan.warmups,
+    );
+    announce(&plan, steps.len(), existing.runs.len());
     if args.dry_run {
         for (k, v) in plan.command_templates() {
             println!("{k}: {v}");
@@ -46,10 +104,11 @@ pub(super) fn run(args: &SweepArgs) -> anyhow::Result<i32> {
     let mut w = Writer::open(&args.results)?;
     write_header(&mut w, &plan, host, &existing)?;
     let tty = std::io::stderr().is_terminal();
-    let progress = Progress::new(total_runs, plan.run_estimate_s(), tty);
+    let progress = Progress::new(steps.len(), plan.run_estimate_s(), tty);
     let mut sweep = Sweep::new(&plan, w, progress);
-    for (setup, cells) in &todo {
-        sweep.column(*setup, cells)?;
+    sweep.start_servers(&steps)?;
+    for cell in steps.chunk_by(|a, b| a.cell == b.cell) {
+        sweep.cell(cell)?;
     }
     Ok(sweep.finish(&args.results))
 }
@@ -80,36 +139,6 @@ fn check_resumable(existing: &Results, plan: &Plan, path: &Path) -> anyhow::Resu
         );
     }
     Ok(())
-}
-
-/// Per column, the cells with measured runs missing from `existing`.
-fn pending(plan: &Plan, existing: &Results) -> Todo {
-    let done = existing.done();
-    let cells = plan.matrix.cells();
-    let mut todo = Vec::new();
-    for &s in &plan.setups {
-        let mut v = Vec::new();
-        for c in &cells {
-            let have = done.get(&(*c, s));
-            let missing: Vec<u32> = (1..=plan.repeats)
-                .filter(|i| !have.is_some_and(|h| h.contains(i)))
-                .collect();
-            if !missing.is_empty() {
-                v.push((*c, missing));
-            }
-        }
-        if !v.is_empty() {
-            todo.push((s, v));
-        }
-    }
-    todo
-}
-
-/// Runs to do, warm-ups included.
-fn run_count(plan: &Plan, todo: &Todo) -> usize {
-    todo.iter()
-        .flat_map(|(_, v)| v.iter().map(|(_, m)| m.len() + plan.warmups as usize))
-        .sum()
 }
 
 /// Says what the sweep will do and how long it should take.
@@ -179,11 +208,14 @@ fn write_header(w: &mut Writer, plan: &Plan, host: Host, existing: &Results) -> 
     Ok(())
 }
 
-/// The sweep in progress: the results being written and the tallies.
+/// The sweep in progress: the servers, the results being written and the tallies.
 struct Sweep<'a> {
     plan: &'a Plan,
     w: Writer,
     progress: Progress,
+    /// The columns being measured and their servers (None for native); a column
+    /// whose server did not start is not here.
+    servers: BTreeMap<Setup, Option<ServerProc>>,
     /// Time limit of one bench run.
     limit: Duration,
     started: Instant,
@@ -201,6 +233,7 @@ impl<'a> Sweep<'a> {
             plan,
             w,
             progress,
+            servers: BTreeMap::new(),
             limit,
             started: Instant::now(),
             failures: 0,
@@ -213,9 +246,11 @@ impl<'a> Sweep<'a> {
         let Some(argv) = self.plan.server_argv(setup) else {
             return Ok(None);
         };
-        let log_name = format!("{}.log", setup.label().replace('=', "-"));
-        let log = self.plan.work_dir.join(log_name);
-        let s = ServerProc::start(&argv, &self.plan.socket(), &log)?;
+        let log = self
+            .plan
+            .work_dir
+            .join(format!("{}.log", Plan::file_stem(setup)));
+        let s = ServerProc::start(&argv, &self.plan.socket(setup), &log)?;
         self.w.write(&Record::Server(Server {
             setup: setup.label(),
             iothreads: setup.count().unwrap_or(0),
@@ -225,34 +260,30 @@ impl<'a> Sweep<'a> {
         Ok(Some(s))
     }
 
-    /// Measures every pending cell of one column against one server.
-    fn column(&mut self, setup: Setup, cells: &[Pending]) -> anyhow::Result<()> {
-        let mut server = match self.start_server(setup) {
-            Ok(s) => s,
-            Err(e) => return self.skip_column(setup, cells, &e),
-        };
-        for (cell, missing) in cells {
-            self.cell(setup, cell, missing, &mut server)?;
-        }
-        if let Some(mut s) = server.take() {
-            match s.stop() {
-                Some(st) if st.success() => {}
-                st => self.progress.line(&format!(
-                    "vqblk sweep: {setup}: server exit {st:?}:\n{}",
-                    s.log_tail()
-                )),
+    /// Starts the server of every column with runs to do, each on its own socket:
+    /// the runs of the columns interleave, and an idle server costs nothing (no
+    /// queue is attached between runs). A column whose server does not start is
+    /// skipped; the others go on.
+    fn start_servers(&mut self, steps: &[Step]) -> anyhow::Result<()> {
+        let plan = self.plan;
+        for &setup in &plan.setups {
+            let runs = steps.iter().filter(|s| s.setup == setup).count();
+            if runs == 0 {
+                continue;
+            }
+            match self.start_server(setup) {
+                Ok(s) => {
+                    self.servers.insert(setup, s);
+                }
+                Err(e) => self.skip_column(setup, runs, &e)?,
             }
         }
         Ok(())
     }
 
-    /// A column whose server does not start is recorded as skipped.
-    fn skip_column(
-        &mut self,
-        setup: Setup,
-        cells: &[Pending],
-        e: &anyhow::Error,
-    ) -> anyhow::Result<()> {
+    /// A column whose server does not start is recorded as skipped, its `runs`
+    /// counted as done.
+    fn skip_column(&mut self, setup: Setup, runs: usize, e: &anyhow::Error) -> anyhow::Result<()> {
         self.progress
             .line(&format!("vqblk sweep: {setup}: {e:#}; column skipped"));
         self.w.write(&Record::Skip(Skip {
@@ -261,43 +292,45 @@ impl<'a> Sweep<'a> {
             reason: format!("server failed to start: {e:#}"),
         }))?;
         self.failures += 1;
-        for (_, missing) in cells {
-            for _ in 0..(missing.len() + self.plan.warmups as usize) {
-                self.progress.tick("");
-            }
+        for _ in 0..runs {
+            self.progress.tick("");
         }
         Ok(())
     }
 
-    /// The warm-ups and the missing measured runs of one cell.
-    fn cell(
-        &mut self,
-        setup: Setup,
-        cell: &Cell,
-        missing: &[u32],
-        server: &mut Option<ServerProc>,
-    ) -> anyhow::Result<()> {
-        let what = format!("{setup} {cell}");
-        let mut sum = 0.0;
-        let mut n = 0;
-        let warmups = (0..self.plan.warmups).map(|_| None);
-        for idx in warmups.chain(missing.iter().map(|&i| Some(i))) {
-            let outcome = self.attempt(setup, cell, server)?;
-            self.progress.tick(&what);
-            match (outcome, idx) {
+    /// The runs of one cell, in [`order`], then one line per column with its mean.
+    fn cell(&mut self, steps: &[Step]) -> anyhow::Result<()> {
+        let Some(cell) = steps.first().map(|s| s.cell) else {
+            return Ok(());
+        };
+        let mut measured: BTreeMap<Setup, (f64, usize)> = BTreeMap::new();
+        for step in steps {
+            if !self.servers.contains_key(&step.setup) {
+                continue;
+            }
+            let outcome = self.attempt(step.setup, &step.cell)?;
+            self.progress.tick(&format!("{} {}", step.setup, step.cell));
+            match (outcome, step.run) {
                 (Some(_), None) => {}
                 (Some((m, argv)), Some(i)) => {
-                    sum += m.bw_bytes / 1e6;
-                    n += 1;
-                    self.record_run(setup, cell, i, &m, argv)?;
+                    let (sum, n) = measured.entry(step.setup).or_default();
+                    *sum += m.bw_bytes / 1e6;
+                    *n += 1;
+                    self.record_run(step.setup, &step.cell, i, &m, argv)?;
                 }
                 (None, _) => self.failures += 1,
             }
         }
-        if n > 0 {
-            self.progress.cell_done(&what, sum / n as f64, n);
+        for (setup, (sum, n)) in measured {
+            self.progress
+                .cell_done(&format!("{setup} {cell}"), sum / n as f64, n);
         }
         Ok(())
+    }
+
+    /// The server of a column, if it has one.
+    fn server(&self, setup: Setup) -> Option<&ServerProc> {
+        self.servers.get(&setup).and_then(Option::as_ref)
     }
 
     /// One run, retried once: a transient failure (the host is shared) costs a
@@ -306,18 +339,17 @@ impl<'a> Sweep<'a> {
         &mut self,
         setup: Setup,
         cell: &Cell,
-        server: &mut Option<ServerProc>,
     ) -> anyhow::Result<Option<(Measured, Vec<String>)>> {
         for attempt in 1..=2 {
-            self.restart_if_dead(setup, server)?;
-            let pid = server.as_ref().map(ServerProc::pid);
+            self.restart_if_dead(setup)?;
+            let pid = self.server(setup).map(ServerProc::pid);
             let argv = self.plan.bench_argv(cell, setup, pid);
             let result =
                 run_with_timeout(&argv, self.limit).and_then(|out| parse_bench_json(&out, cell.op));
             match result {
                 Ok(m) => return Ok(Some((m, argv))),
                 Err(e) => {
-                    let msg = with_server_log(format!("{e:#}"), server.as_ref());
+                    let msg = with_server_log(format!("{e:#}"), self.server(setup));
                     self.record_failure(setup, cell, attempt, &msg)?;
                 }
             }
@@ -326,22 +358,35 @@ impl<'a> Sweep<'a> {
     }
 
     /// A server that died is restarted.
-    fn restart_if_dead(
-        &mut self,
-        setup: Setup,
-        server: &mut Option<ServerProc>,
-    ) -> anyhow::Result<()> {
-        if let Some(s) = server.as_mut() {
-            if !s.alive() {
-                self.progress.line(&format!(
-                    "vqblk sweep: {setup}: server died:\n{}\nrestarting",
+    fn restart_if_dead(&mut self, setup: Setup) -> anyhow::Result<()> {
+        let Some(Some(s)) = self.servers.get_mut(&setup) else {
+            return Ok(());
+        };
+        if s.alive() {
+            return Ok(());
+        }
+        self.progress.line(&format!(
+            "vqblk sweep: {setup}: server died:\n{}\nrestarting",
+            s.log_tail()
+        ));
+        self.servers.insert(setup, None);
+        let s = self.start_server(setup)?;
+        self.servers.insert(setup, s);
+        Ok(())
+    }
+
+    /// Stops every server (SIGTERM: a clean exit), saying which did not exit cleanly.
+    fn stop_servers(&mut self) {
+        for (setup, server) in std::mem::take(&mut self.servers) {
+            let Some(mut s) = server else { continue };
+            match s.stop() {
+                Some(st) if st.success() => {}
+                st => self.progress.line(&format!(
+                    "vqblk sweep: {setup}: server exit {st:?}:\n{}",
                     s.log_tail()
-                ));
-                drop(server.take());
-                *server = self.start_server(setup)?;
+                )),
             }
         }
-        Ok(())
     }
 
     fn record_failure(
@@ -393,8 +438,9 @@ impl<'a> Sweep<'a> {
         })))
     }
 
-    /// Cleans up, sums up, and returns the exit code.
-    fn finish(self, results: &Path) -> i32 {
+    /// Stops the servers, cleans up, sums up, and returns the exit code.
+    fn finish(mut self, results: &Path) -> i32 {
+        self.stop_servers();
         self.progress.finish();
         let (failures, retried) = (self.failures, self.retried);
         if failures + retried == 0 {

@@ -85,7 +85,12 @@ fn null_plan_has_no_native_and_the_baseline_is_poll_off() {
     let bench = shell_join(&p.bench_argv(&cell, Setup::IoThreads(2), Some(42)));
     assert!(bench.contains("--rw randwrite --bs 4096 --numjobs 4 --iodepth 16 --runtime 1000ms --ramp_time 250ms --time_based --group_reporting --output-format json --server-pid 42"), "{bench}");
     let t = p.command_templates();
-    assert!(t["serve"].contains("--iothreads K"), "{}", t["serve"]);
+    assert!(
+        t["serve"].contains("iothreads-K.sock") && t["serve"].contains("--iothreads K"),
+        "{}",
+        t["serve"]
+    );
+    assert!(t["bench"].contains("COLUMN.sock"), "{}", t["bench"]);
     assert!(
         t["bench"].contains("--rw OP --bs BS --numjobs JOBS --iodepth DEPTH"),
         "{}",
@@ -109,11 +114,21 @@ fn serve_columns_are_typed_serve_commands() {
     assert_eq!(base.size, Some(64 << 20));
     assert_eq!((base.iothreads, base.poll), (Some(1), Some(PollMode::Off)));
     assert_eq!(base.queues, Some(4));
-    assert_eq!(base.socket, Some(p.socket()));
+    assert_eq!(base.socket, Some(p.socket(Setup::Baseline)));
     let two = p.serve_command(Setup::IoThreads(2)).unwrap();
     assert_eq!(
         (two.iothreads, two.poll),
         (Some(2), Some(PollMode::Weighted))
+    );
+    assert_eq!(
+        two.socket,
+        Some(p.socket(Setup::IoThreads(2))),
+        "every column's server runs for the whole sweep, on its own socket"
+    );
+    assert_ne!(p.socket(Setup::IoThreads(2)), p.socket(Setup::Baseline));
+    assert_eq!(
+        p.bench_argv(&p.matrix.cells()[0], Setup::IoThreads(2), None)[3],
+        format!("unix:{}", p.socket(Setup::IoThreads(2)).display())
     );
     assert_eq!(
         p.server_argv(Setup::IoThreads(2)).unwrap(),
@@ -304,5 +319,89 @@ fn qsd_reads_rbd_images_with_its_own_driver() {
     assert!(
         b.starts_with("driver=rbd,node-name=d,pool=rbd,image=img,cache.direct=on"),
         "{b}"
+    );
+}
+
+/// The columns interleave within each cell: a cell's runs of every column are
+/// done together, repeat `i` starts at the `i`-th column, and a resumed sweep
+/// does only the runs missing from the results (with the warm-ups of the columns
+/// that miss some).
+#[test]
+fn columns_interleave_within_each_cell() {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use super::runner::{order, Step};
+    let cell = |jobs| Cell {
+        bs: 4096,
+        op: Op::Randread,
+        jobs,
+        iodepth: 1,
+    };
+    let (b, one, two) = (Setup::Baseline, Setup::IoThreads(1), Setup::IoThreads(2));
+    let cells = [cell(1), cell(4)];
+    let setups = [b, one, two];
+    let steps = order(&cells, &setups, &BTreeMap::new(), 3, 1);
+    assert_eq!(steps.len(), 2 * 3 * (1 + 3));
+    let mut seen: Vec<Cell> = steps.iter().map(|s| s.cell).collect();
+    seen.dedup();
+    assert_eq!(
+        seen, cells,
+        "each cell's runs are contiguous, in matrix order"
+    );
+    for half in steps.chunks(12) {
+        let warmups: Vec<(Setup, Option<u32>)> =
+            half[..3].iter().map(|s| (s.setup, s.run)).collect();
+        assert_eq!(warmups, [(b, None), (one, None), (two, None)]);
+        let measured: Vec<(u32, Setup)> = half[3..]
+            .iter()
+            .map(|s| (s.run.expect("measured"), s.setup))
+            .collect();
+        assert_eq!(
+            measured,
+            [
+                (1, b),
+                (1, one),
+                (1, two),
+                (2, one),
+                (2, two),
+                (2, b),
+                (3, two),
+                (3, b),
+                (3, one)
+            ],
+            "the first column rotates with the repeat"
+        );
+    }
+
+    let mut done = BTreeMap::new();
+    done.insert((cell(1), b), BTreeSet::from([1, 2, 3]));
+    done.insert((cell(1), one), BTreeSet::from([1, 3]));
+    done.insert((cell(1), two), BTreeSet::from([1, 2, 3]));
+    done.insert((cell(4), two), BTreeSet::from([2]));
+    let steps = order(&cells, &setups, &done, 3, 1);
+    let step = |c, setup, run| Step {
+        cell: c,
+        setup,
+        run,
+    };
+    assert_eq!(
+        steps[..2],
+        [step(cell(1), one, None), step(cell(1), one, Some(2))],
+        "only the missing run, after its column's warm-up"
+    );
+    assert_eq!(steps.len(), 2 + 12 - 1);
+    assert!(!steps.contains(&step(cell(4), two, Some(2))));
+    assert_eq!(steps[2..5].iter().filter(|s| s.run.is_none()).count(), 3);
+
+    assert!(order(&cells, &setups, &BTreeMap::new(), 2, 0)
+        .iter()
+        .all(|s| s.run.is_some()));
+    let all: BTreeMap<_, _> = cells
+        .iter()
+        .flat_map(|&c| setups.map(|s| ((c, s), BTreeSet::from([1, 2]))))
+        .collect();
+    assert!(
+        order(&cells, &setups, &all, 2, 1).is_empty(),
+        "nothing left to do"
     );
 }
