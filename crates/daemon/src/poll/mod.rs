@@ -87,7 +87,9 @@ pub const DEFAULT_NAP_CPU_NS: u64 = 5_000;
 /// through; a source silent for longer is not expected soon.
 pub const NAP_HORIZON_NS: u64 = 1_000_000;
 
-/// Wake-up latency charged by [`simulate`] to an event found after sleeping.
+/// Wake-up latency charged by [`simulate`] to an event found after sleeping, and
+/// the adaptive policy's price of a sleep until its IOThread has measured the
+/// host's own ([`PollPolicy::wakeup_ns`]).
 pub const WAKEUP_LATENCY_NS: u64 = 15_000;
 
 /// Gain of the Jacobson/Karels means (1/8), as TCP's SRTT.
@@ -174,9 +176,10 @@ impl PollParams {
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
 pub struct AdaptiveParams {
     /// Price of going to sleep instead of catching the event by polling, in ns: the
-    /// latency of an epoll sleep, wake-up and context switch on this host (default
-    /// 15000). It is both the benefit side of the poll/sleep break-even and the
-    /// latency removed from intervals measured across a sleep.
+    /// latency of an epoll sleep, wake-up and context switch (default 15000), used
+    /// until the host's own is measured ([`PollPolicy::wakeup_ns`]). It is both
+    /// the benefit side of the poll/sleep break-even and the latency removed from
+    /// intervals measured across a sleep.
     pub wakeup_ns: u64,
     /// Margin of the window over the predicted interval, in percent (default 50:
     /// poll for 1.5x the mean interval when it is steady).
