@@ -25,8 +25,8 @@ pub enum Target {
     Null {
         /// Capacity.
         bytes: u64,
-        /// Completion delay of every request (`--latency-ns`; 0: none).
-        latency_ns: u64,
+        /// Completion delay of every request (`--latency-ns`; None: none).
+        latency_ns: Option<u64>,
     },
     /// A raw image file.
     Image {
@@ -65,7 +65,7 @@ impl Target {
             path,
             bytes: self.bytes(),
             latency_ns: match self {
-                Target::Null { latency_ns, .. } => Some(*latency_ns).filter(|&n| n > 0),
+                Target::Null { latency_ns, .. } => *latency_ns,
                 _ => None,
             },
         }
@@ -249,7 +249,7 @@ fn target_of(args: &SweepArgs, matrix: &Matrix) -> anyhow::Result<Target> {
         (None, Some(p), None) => device_target(p, matrix, args.force)?,
         (None, None, Some(_)) => Target::Null {
             bytes: parse_size(&args.size).context("--size")?,
-            latency_ns: args.latency_ns.unwrap_or(0),
+            latency_ns: args.latency_ns.filter(|&n| n > 0),
         },
         _ => bail!("give the storage: --image PATH, --device PATH or --backend null"),
     };
@@ -375,7 +375,7 @@ impl Plan {
             Target::Null { bytes, latency_ns } => {
                 cmd.backend = Some(BackendKind::Null);
                 cmd.size = Some(*bytes);
-                cmd.latency_ns = Some(*latency_ns).filter(|&n| n > 0);
+                cmd.latency_ns = *latency_ns;
             }
             Target::Image { path, .. } | Target::Device { path, .. } => {
                 cmd.image = Some(path.clone());
@@ -394,12 +394,10 @@ impl Plan {
     /// IOThread, io_uring, O_DIRECT.
     fn qsd_argv(&self) -> Vec<OsString> {
         let blockdev = match &self.target {
-            Target::Null { bytes, latency_ns } => match latency_ns {
-                0 => format!("driver=null-co,node-name=d,size={bytes},read-zeroes=on"),
-                ns => format!(
-                    "driver=null-co,node-name=d,size={bytes},read-zeroes=on,latency-ns={ns}"
-                ),
-            },
+            Target::Null { bytes, latency_ns } => {
+                let latency = latency_ns.map_or(String::new(), |ns| format!(",latency-ns={ns}"));
+                format!("driver=null-co,node-name=d,size={bytes},read-zeroes=on{latency}")
+            }
             Target::Image { path, .. } => format!(
                 "driver=file,node-name=d,filename={},cache.direct=on,aio=io_uring",
                 path.display()
