@@ -93,7 +93,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use super::throttle::{
-    batch_until, wait_until, Admission, CreditCell, Direction, BATCH_REQUESTS, TICKS_PER_NS,
+    batch_over, batch_until, wait_until, Admission, CreditCell, Direction, BATCH_REQUESTS,
+    TICKS_PER_NS,
 };
 use super::SharedThrottle;
 
@@ -480,9 +481,8 @@ impl ShareCap {
             return None;
         }
         let now = now_ns.saturating_mul(TICKS_PER_NS);
-        let room = (n.saturating_sub(1) as u64).min(TOLERANCE / interval) * interval;
-        let ahead = self.empty_at.empty_at().saturating_sub(now);
-        wait_until(now, (ahead + room).saturating_sub(TOLERANCE))
+        let over = batch_over(self.empty_at.empty_at(), now, interval, TOLERANCE, n);
+        wait_until(now, over)
     }
 
     /// Accounts one operation admitted at `now_ns`.

@@ -649,17 +649,8 @@ impl Plan {
     ) -> Option<u64> {
         let now = now_ns.saturating_mul(TICKS_PER_NS);
         let (size, ops) = self.units(bytes);
-        let behind = n.saturating_sub(1) as u64;
-        // Room for the `n - 1` behind the first, as each is charged, or for
-        // as many as fit in the bucket.
         let over = |cell: &C, per_unit: f64, tolerance: u64| {
-            let cost = to_ticks(per_unit);
-            let room = match tolerance.checked_div(cost) {
-                Some(fit) => behind.min(fit) * cost,
-                None => 0,
-            };
-            let ahead = cell.empty_at().saturating_sub(now);
-            (ahead + room).saturating_sub(tolerance)
+            batch_over(cell.empty_at(), now, to_ticks(per_unit), tolerance, n)
         };
         let mut worst = 0u64;
         for b in self.buckets(dir) {
@@ -732,6 +723,19 @@ const BURST: usize = 6;
 /// None: it admits. A wait under a nanosecond is none (QEMU truncates waits
 /// to whole ns).
 #[inline]
+/// How far (ticks) a bucket empty at `empty_at`, with `tolerance` and a
+/// cost of `cost` a request, is from admitting `n` requests in a row at
+/// `now`: room for the `n - 1` behind the first, as each is charged, or for
+/// as many as fit in the tolerance. 0: it admits them now.
+pub(crate) fn batch_over(empty_at: u64, now: u64, cost: u64, tolerance: u64, n: usize) -> u64 {
+    let behind = n.saturating_sub(1) as u64;
+    let room = match tolerance.checked_div(cost) {
+        Some(fit) => behind.min(fit) * cost,
+        None => 0,
+    };
+    (empty_at.saturating_sub(now) + room).saturating_sub(tolerance)
+}
+
 pub(crate) fn wait_until(now: u64, over: u64) -> Option<u64> {
     (over >= TICKS_PER_NS).then(|| (now + over).div_ceil(TICKS_PER_NS))
 }
