@@ -418,9 +418,7 @@ impl PollPolicy {
     /// that hypervisor is loaded. A fixed figure had the policy sleep through
     /// intervals that a sleep made four times longer.
     pub fn wakeup_ns(&self) -> u64 {
-        self.nap
-            .measured_late_ns()
-            .unwrap_or(self.adaptive.wakeup_ns)
+        self.adaptive_knobs().1.wakeup_ns
     }
 
     /// The longest the adaptive algorithm spins, in ns: `poll-max-ns`, or, at its
@@ -431,27 +429,12 @@ impl PollPolicy {
     /// that a sleep would deliver no sooner. An operator's own `poll-max-ns` is
     /// kept as given.
     pub fn spin_max_ns(&self) -> u64 {
-        let max = self.params.poll_max_ns;
-        if max == DEFAULT_POLL_MAX_NS {
-            max.max(self.wakeup_ns().saturating_mul(2))
-        } else {
-            max
-        }
+        self.adaptive_knobs().0.poll_max_ns
     }
 
-    /// The knobs the adaptive algorithm runs with: the configured ones, the
-    /// wake-up as measured ([`Self::wakeup_ns`]) and the window bounded by
-    /// [`Self::spin_max_ns`].
+    /// The knobs the adaptive algorithm runs with ([`adaptive_knobs`]).
     fn adaptive_knobs(&self) -> (PollParams, AdaptiveParams) {
-        let params = PollParams {
-            poll_max_ns: self.spin_max_ns(),
-            ..self.params
-        };
-        let knobs = AdaptiveParams {
-            wakeup_ns: self.wakeup_ns(),
-            ..self.adaptive
-        };
-        (params, knobs)
+        adaptive_knobs(&self.params, &self.adaptive, &self.nap)
     }
 
     /// Thread CPU time that one nap costs, in ns (measured or [`DEFAULT_NAP_CPU_NS`]).
@@ -491,7 +474,10 @@ impl PollPolicy {
             Algorithm::Busy => Some(u64::MAX),
             Algorithm::Classic(c) => c.source_ns(source),
             Algorithm::Weighted(w) => w.source_ns(source),
-            Algorithm::Adaptive(a) => a.source_ns(source, &self.adaptive, self.spin_max_ns()),
+            Algorithm::Adaptive(a) => {
+                let (params, knobs) = self.adaptive_knobs();
+                a.source_ns(source, &knobs, params.poll_max_ns)
+            }
         }
     }
 
@@ -533,19 +519,21 @@ impl PollPolicy {
                 }
             }
             let params = &self.params;
-            let (adaptive_params, knobs) = self.adaptive_knobs();
             match &mut self.algo {
                 Algorithm::Off | Algorithm::Busy => {}
                 Algorithm::Classic(c) => c.update(block_ns, &self.had_event, params),
                 Algorithm::Weighted(w) => w.update(block_ns, &self.had_event, params),
-                Algorithm::Adaptive(a) => a.update(
-                    block_ns,
-                    &self.had_event,
-                    polled_hit,
-                    self.window_ns,
-                    &adaptive_params,
-                    &knobs,
-                ),
+                Algorithm::Adaptive(a) => {
+                    let (params, knobs) = adaptive_knobs(params, &self.adaptive, &self.nap);
+                    a.update(
+                        block_ns,
+                        &self.had_event,
+                        polled_hit,
+                        self.window_ns,
+                        &params,
+                        &knobs,
+                    )
+                }
             }
             self.had_event.fill(false);
         }
@@ -554,14 +542,16 @@ impl PollPolicy {
 
     /// Recomputes `window_ns` (and the adaptive target) from the current state.
     fn refresh_window(&mut self) {
-        let (adaptive_params, knobs) = self.adaptive_knobs();
         self.window_ns = match &mut self.algo {
             Algorithm::Off => 0,
             Algorithm::Busy => u64::MAX,
             _ if self.params.poll_max_ns == 0 => 0,
             Algorithm::Classic(c) => c.window(),
             Algorithm::Weighted(w) => w.window(),
-            Algorithm::Adaptive(a) => a.refresh(&adaptive_params, &knobs),
+            Algorithm::Adaptive(a) => {
+                let (params, knobs) = adaptive_knobs(&self.params, &self.adaptive, &self.nap);
+                a.refresh(&params, &knobs)
+            }
         };
     }
 
@@ -573,6 +563,34 @@ impl PollPolicy {
             _ => 0,
         }
     }
+}
+
+/// The knobs the adaptive algorithm runs with: the configured ones, with the
+/// wake-up as measured ([`PollPolicy::wakeup_ns`]) and the window bounded by
+/// [`PollPolicy::spin_max_ns`]. A function of the fields it reads, so that the
+/// algorithm's state can be borrowed beside them.
+fn adaptive_knobs(
+    params: &PollParams,
+    adaptive: &AdaptiveParams,
+    nap: &NapTiming,
+) -> (PollParams, AdaptiveParams) {
+    let wakeup_ns = nap.measured_late_ns().unwrap_or(adaptive.wakeup_ns);
+    let max = params.poll_max_ns;
+    let poll_max_ns = if max == DEFAULT_POLL_MAX_NS {
+        max.max(wakeup_ns.saturating_mul(2))
+    } else {
+        max
+    };
+    (
+        PollParams {
+            poll_max_ns,
+            ..*params
+        },
+        AdaptiveParams {
+            wakeup_ns,
+            ..*adaptive
+        },
+    )
 }
 
 /// Jacobson/Karels mean and mean deviation (gains 1/8 and 1/4); a mean of 0 is
