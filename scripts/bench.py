@@ -38,7 +38,8 @@ import threading
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchlib  # noqa: E402
 from benchlib import (ROOT, cacheline_rtt, client_series, ensure_tools, make_image, median_of,  # noqa: E402
-                      qsd_throttle_args, run_bench, serving, start_qsd, start_vqblk, stop, versions, wait_socket)
+                      qsd_throttle_args, rotated, run_bench, serving, start_qsd, start_vqblk, stop, versions,
+                      wait_socket)
 
 SERVE_HELP = """vqblk serve against qemu-storage-daemon, same client, same run.
 
@@ -75,19 +76,25 @@ SHORT_NAMES = {"baseline": "vqblk (baseline)", "poll-off": "vqblk --poll off", "
                "native": "native io_uring", "spdk": "SPDK vhost"}
 
 
+def rtt_cpus_of(a):
+    """The two CPUs of the cache-line round trip (--rtt-cpus, --server-cpus and
+    --client-cpus), or None when it cannot be taken."""
+    if a.rtt_cpus:
+        return a.rtt_cpus.split(",")
+    if all(c is not None and c.isdigit() for c in (a.server_cpus, a.client_cpus)):
+        return [a.server_cpus, a.client_cpus]
+    if (os.cpu_count() or 1) >= 2 and not (a.server_cpus or a.client_cpus):
+        return ["0", "1"]
+    return None
+
+
 def serve(a):
     wanted = [SHORT_NAMES.get(s, s) for s in a.servers.split(",")] if a.servers else None
     ensure_tools(qsd=not wanted or "qemu-storage-daemon" in wanted)
     benchlib.VQBLK = a.client or benchlib.VQBLK
     binary = a.vqblk
     sc = a.server_cpus
-    rtt_cpus = None
-    if a.rtt_cpus:
-        rtt_cpus = a.rtt_cpus.split(",")
-    elif all(c is not None and c.isdigit() for c in (a.server_cpus, a.client_cpus)):
-        rtt_cpus = [a.server_cpus, a.client_cpus]
-    elif (os.cpu_count() or 1) >= 2 and not (a.server_cpus or a.client_cpus):
-        rtt_cpus = ["0", "1"]
+    rtt_cpus = rtt_cpus_of(a)
     if a.cells:
         cells = [(c.split(":")[0], int(c.split(":")[1])) for c in a.cells.split(",") if c]
     else:
@@ -304,8 +311,7 @@ def polling(a):
     cells = [(rw, j, d, w) for rw in a.rws.split(",") for j in map(int, a.jobs.split(","))
              for d in map(int, a.depths.split(",")) for w in a.wait_modes.split(",")]
     max_jobs = max(j for _, j, _, _ in cells)
-    rtt_cpus = [a.server_cpus, a.client_cpus] if (a.server_cpus or "").isdigit() and \
-        (a.client_cpus or "").isdigit() else None
+    rtt_cpus = rtt_cpus_of(a)
     results = []
     for backend in a.backends.split(","):
         # Every server of a backend runs at once (idle ones sleep: no queue is
@@ -334,7 +340,7 @@ def polling(a):
                 for rep in range(a.repeats):
                     # The order rotates with the repeat: no server always runs
                     # first, right after another one's load.
-                    for server in order[rep % len(order):] + order[:rep % len(order)]:
+                    for server in rotated(order, rep):
                         proc, sock = procs[server]
                         if rtt_cpus:
                             rtts.append(cacheline_rtt(rtt_cpus))
@@ -1051,8 +1057,7 @@ def phases(a):
     out = {"versions": versions(), "args": vars(a), "start": machine_state(), "runs": []}
     print(f"start: {state_text(out['start'])}", flush=True)
     for rep in range(a.repeats):
-        order = servers[rep % len(servers):] + servers[:rep % len(servers)]
-        for label, iothreads in order:
+        for label, iothreads in rotated(servers, rep):
             with serving(start_vqblk(a.backend, image, sock, queues=4, iothreads=iothreads), sock) as proc:
                 for cycle in range(a.cycles):
                     for name, jobs, depth in PHASES:
@@ -1086,6 +1091,15 @@ def parser():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
     sub = ap.add_subparsers(dest="command", required=True, metavar="SUBCOMMAND")
 
+    def pinning(p):
+        """Where the servers and the client run, and the CPUs of the cache-line
+        round trip (rtt_cpus_of)."""
+        p.add_argument("--server-cpus", default=None, help="taskset CPU list for every server (e.g. 1)")
+        p.add_argument("--client-cpus", default=None, help="taskset CPU list for the client (e.g. 0)")
+        p.add_argument("--rtt-cpus", default=None, metavar="A,B",
+                       help="CPUs of the cache-line round trip (default: the pinned server and client CPUs, "
+                            "else 0,1 when nothing is pinned)")
+
     def command(name, help_text, func, runtime, repeats):
         p = sub.add_parser(name, description=help_text, formatter_class=raw, help=help_text.splitlines()[0])
         p.set_defaults(func=func)
@@ -1117,11 +1131,7 @@ def parser():
                    help="where ../shared/peers/ built SPDK (HELD; default /var/tmp/vqblk-peers)")
     p.add_argument("--spdk-script", default=os.path.join(os.path.dirname(ROOT), "shared", "peers", "spdk-null.sh"),
                    metavar="PATH", help="SPDK's launcher (default ../shared/peers/spdk-null.sh)")
-    p.add_argument("--server-cpus", default=None, help="taskset CPU list for every server (e.g. 1)")
-    p.add_argument("--client-cpus", default=None, help="taskset CPU list for the client (e.g. 0)")
-    p.add_argument("--rtt-cpus", default=None, metavar="A,B",
-                   help="CPUs of the cache-line round trip (default: the pinned server and client CPUs, "
-                        "else 0,1 when nothing is pinned)")
+    pinning(p)
 
     p = command("polling", POLLING_HELP, polling, 3, 1)
     p.add_argument("--backends", default="null,file", help="comma-separated: null, null:NS, file")
@@ -1136,10 +1146,7 @@ def parser():
     p.add_argument("--baseline-extra", default="--poll adaptive", help="serve flags of the baseline")
     p.add_argument("--wait-modes", default="block",
                    help="comma-separated libblkio_wait_mode of the client: block (sleeps, as a guest), loop (polls)")
-    p.add_argument("--server-cpus", default=None, help="taskset CPU list for every server (e.g. 1)")
-    p.add_argument("--client-cpus", default=None,
-                   help="taskset CPU list for the client (e.g. 0); with both pinned to one CPU each, "
-                        "the cache-line round trip between them is measured before every run")
+    pinning(p)
 
     command("client", CLIENT_HELP, client, 5, 3)
 

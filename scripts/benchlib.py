@@ -290,6 +290,13 @@ def stop(proc):
         proc.wait()
 
 
+def rotated(items, k):
+    """`items` starting at its k-th (modulo its length): run k of a rotating order,
+    so that no server always runs first or last."""
+    k %= len(items)
+    return items[k:] + items[:k]
+
+
 @contextlib.contextmanager
 def serving(proc, sock):
     """A started server, once its socket listens; stopped when the block ends."""
