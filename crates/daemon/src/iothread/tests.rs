@@ -1873,6 +1873,28 @@ fn a_throttled_queue_holds_its_head_and_keeps_the_order() {
     }
 }
 
+/// Rounds of `round` one-sector reads at consecutive sectors, each followed by
+/// a pass, until the limits hold one back: when it is due, when that pass
+/// began, and the reads made.
+fn read_until_held(r: &mut Rig, round: usize) -> (u64, u64, u64) {
+    let mut sector = 0u64;
+    loop {
+        for _ in 0..round {
+            r.push(
+                req_type::IN,
+                sector,
+                &[(DATA + 512 * (sector % 64), 512, true)],
+            );
+            sector += 1;
+        }
+        let asked = crate::clock::clock_ns(libc::CLOCK_MONOTONIC);
+        if let Popped::Held(until) = pass(r) {
+            return (until, asked, sector);
+        }
+        assert!(sector < 400, "the limit holds one back");
+    }
+}
+
 /// A held head with requests waiting behind it is told to come back when
 /// the limit lets a batch of them through, not one: at 1000 IOPS, 15 ms after
 /// it could have gone alone for 16 requests (a millisecond for each behind
@@ -1883,22 +1905,7 @@ fn a_held_queue_waits_for_a_batch_and_releases_it_in_one_pass() {
         let mut r = throttled(kind, iops_total(1000));
         // Rounds of 20 (the descriptor table holds 21 requests) until the
         // bucket, 100 requests deep, holds one back.
-        let mut sector = 0u64;
-        let (until, asked) = loop {
-            for _ in 0..20 {
-                r.push(
-                    req_type::IN,
-                    sector,
-                    &[(DATA + 512 * (sector % 64), 512, true)],
-                );
-                sector += 1;
-            }
-            let asked = crate::clock::clock_ns(libc::CLOCK_MONOTONIC);
-            if let Popped::Held(until) = pass(&mut r) {
-                break (until, asked);
-            }
-            assert!(sector < 400, "{kind:?}: the limit holds one back");
-        };
+        let (until, asked, _) = read_until_held(&mut r, 20);
         // The head and those behind it (the bucket leaked meanwhile, more
         // with a slower backend: some of the last round went).
         let q = r.queues.get(r.id).unwrap();
@@ -1936,21 +1943,7 @@ fn a_held_queue_waits_for_its_depth_at_the_last_release() {
     // bucket holds 20.
     let mut r = throttled(Kind::Null, iops_total(200));
     let now = || crate::clock::clock_ns(libc::CLOCK_MONOTONIC);
-    let mut sector = 0u64;
-    let until = loop {
-        for _ in 0..12 {
-            r.push(
-                req_type::IN,
-                sector,
-                &[(DATA + 512 * (sector % 64), 512, true)],
-            );
-            sector += 1;
-        }
-        if let Popped::Held(until) = pass(&mut r) {
-            break until;
-        }
-        assert!(sector < 400, "the limit holds one back");
-    };
+    let (until, _, sector) = read_until_held(&mut r, 12);
     let depth = usize::from(
         r.avail_idx
             .wrapping_sub(r.queues.get(r.id).unwrap().next_avail()),
