@@ -237,12 +237,20 @@ fn adaptive_run_of_misses_is_judged_against_the_hit_rate() {
     );
 }
 
+/// 5000 intervals of 20-60 us, straddling `poll-max-ns`, and how many of them
+/// a window capped there can catch.
+fn straddling_trace() -> (Vec<u64>, u64) {
+    let mut rng = Rng(5);
+    let trace: Vec<u64> = (0..5000).map(|_| rng.range(20_000, 60_000)).collect();
+    let pollable = trace.iter().filter(|&&t| t <= 32_768).count() as u64;
+    (trace, pollable)
+}
+
 #[test]
 fn adaptive_latency_budget_keeps_polling_when_sleeping_costs_iops() {
     // 30% of intervals pollable: polling wastes more CPU than the latency it
     // saves (ski rental says sleep), but sleeping would cost ~11% IOPS.
-    let mut rng = Rng(5);
-    let trace: Vec<u64> = (0..5000).map(|_| rng.range(20_000, 60_000)).collect();
+    let (trace, pollable) = straddling_trace();
     let mut p = adaptive();
     let with_budget = simulate(&mut p, &trace);
     let no_budget = AdaptiveParams {
@@ -251,7 +259,6 @@ fn adaptive_latency_budget_keeps_polling_when_sleeping_costs_iops() {
     };
     let mut p = adaptive().with_adaptive_params(no_budget);
     let without = simulate(&mut p, &trace);
-    let pollable = trace.iter().filter(|&&t| t <= 32_768).count() as u64;
     assert!(
         with_budget.hits * 100 >= pollable * 95,
         "{with_budget:?} of {pollable}"
@@ -284,14 +291,12 @@ fn simulate_batched(p: &mut PollPolicy, trace: &[u64], depth: usize, batch: usiz
 
 #[test]
 fn adaptive_latency_budget_is_a_share_of_the_round_trip_not_of_one_interval() {
-    // The same trace as above. At depth 1 the wake-ups polling would avoid (30%
+    // The straddling trace. At depth 1 the wake-ups polling would avoid (30%
     // of events, 15 us each) add ~11% to the event interval: the IOPS budget
     // keeps polling. With 16 requests in flight (an RBD image at iodepth 16:
     // completions every 20-60 us of a ~640 us round trip) they add ~0.7% to a
     // request's round trip, and the CPU that polling wastes is not paid for.
-    let mut rng = Rng(5);
-    let trace: Vec<u64> = (0..5000).map(|_| rng.range(20_000, 60_000)).collect();
-    let pollable = trace.iter().filter(|&&t| t <= 32_768).count() as u64;
+    let (trace, pollable) = straddling_trace();
     let mut p = adaptive();
     let shallow = simulate_at_depth(&mut p, &trace, 1);
     let mut p = adaptive();
@@ -313,13 +318,11 @@ fn adaptive_latency_budget_is_a_share_of_the_round_trip_not_of_one_interval() {
 
 #[test]
 fn adaptive_round_trip_counts_the_requests_each_event_finishes() {
-    // The trace of the test above, 16 requests in flight, but every event
+    // The straddling trace, 16 requests in flight, but every event
     // finishes 8 of them (a disk that completes in batches): a round trip is
     // 2 event intervals, not 16, and the wake-ups that polling avoids add
     // ~6% to it, above the IOPS budget. Polling goes on as at depth 1.
-    let mut rng = Rng(5);
-    let trace: Vec<u64> = (0..5000).map(|_| rng.range(20_000, 60_000)).collect();
-    let pollable = trace.iter().filter(|&&t| t <= 32_768).count() as u64;
+    let (trace, pollable) = straddling_trace();
     let mut p = adaptive();
     let batched = simulate_batched(&mut p, &trace, 16, 8);
     assert!(
