@@ -13,6 +13,11 @@ struct P {
     a: SweepArgs,
 }
 
+/// The plan of `vqblk sweep` with `extra`, for a binary at /x/vqblk on 2 CPUs.
+fn plan(extra: &[&str]) -> anyhow::Result<Plan> {
+    Plan::new(&args(extra), "/x/vqblk".into(), 2)
+}
+
 fn args(extra: &[&str]) -> SweepArgs {
     let mut v = vec!["sweep", "--results", "/dev/null"];
     v.extend_from_slice(extra);
@@ -34,7 +39,7 @@ fn skip_rule() {
 
 #[test]
 fn null_plan_has_no_native_and_the_baseline_is_poll_off() {
-    let p = Plan::new(&args(&["--backend", "null"]), "/x/vqblk".into(), 2).unwrap();
+    let p = plan(&["--backend", "null"]).unwrap();
     assert_eq!(
         p.setups,
         vec![
@@ -103,12 +108,7 @@ fn null_plan_has_no_native_and_the_baseline_is_poll_off() {
 fn serve_columns_are_typed_serve_commands() {
     use vqblk_daemon::config::BackendKind;
     use vqblk_daemon::poll::PollMode;
-    let p = Plan::new(
-        &args(&["--backend", "null", "--size", "64m", "--poll", "weighted"]),
-        "/x/vqblk".into(),
-        2,
-    )
-    .unwrap();
+    let p = plan(&["--backend", "null", "--size", "64m", "--poll", "weighted"]).unwrap();
     let base = p.serve_command(Setup::Baseline).unwrap();
     assert_eq!(base.backend, Some(BackendKind::Null));
     assert_eq!(base.size, Some(64 << 20));
@@ -154,12 +154,7 @@ fn the_vqblk_executable_is_explicit_or_the_running_one() {
 
 #[test]
 fn qsd_baseline_command() {
-    let p = Plan::new(
-        &args(&["--backend", "null", "--baseline", "qemu-storage-daemon"]),
-        "/x/vqblk".into(),
-        2,
-    )
-    .unwrap();
+    let p = plan(&["--backend", "null", "--baseline", "qemu-storage-daemon"]).unwrap();
     let q = p.server_argv(Setup::Baseline).unwrap();
     assert_eq!(q[0], "qemu-storage-daemon");
     assert_eq!(
@@ -176,12 +171,7 @@ fn qsd_baseline_command() {
 /// qemu-storage-daemon's null-co alike, and the header records it.
 #[test]
 fn null_latency_reaches_every_server_and_the_header() {
-    let p = Plan::new(
-        &args(&["--backend", "null", "--latency-ns", "50000"]),
-        "/x/vqblk".into(),
-        2,
-    )
-    .unwrap();
+    let p = plan(&["--backend", "null", "--latency-ns", "50000"]).unwrap();
     for s in [Setup::Baseline, Setup::IoThreads(2), Setup::Auto] {
         let a = shell_join(&p.server_argv(s).unwrap());
         assert!(a.contains("--latency-ns 50000"), "{a}");
@@ -193,18 +183,14 @@ fn null_latency_reaches_every_server_and_the_header() {
         "{}",
         st.describe()
     );
-    let q = Plan::new(
-        &args(&[
-            "--backend",
-            "null",
-            "--latency-ns",
-            "50000",
-            "--baseline",
-            "qemu-storage-daemon",
-        ]),
-        "/x/vqblk".into(),
-        2,
-    )
+    let q = plan(&[
+        "--backend",
+        "null",
+        "--latency-ns",
+        "50000",
+        "--baseline",
+        "qemu-storage-daemon",
+    ])
     .unwrap();
     let b = q.server_argv(Setup::Baseline).unwrap();
     assert!(
@@ -221,19 +207,9 @@ fn null_latency_reaches_every_server_and_the_header() {
 fn image_plan_runs_native_on_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("d.raw");
-    let e = Plan::new(
-        &args(&["--image", img.to_str().unwrap()]),
-        "/x/vqblk".into(),
-        2,
-    )
-    .unwrap_err();
+    let e = plan(&["--image", img.to_str().unwrap()]).unwrap_err();
     assert!(format!("{e:#}").contains("--create"));
-    let p = Plan::new(
-        &args(&["--image", img.to_str().unwrap(), "--create", "8m"]),
-        "/x/vqblk".into(),
-        2,
-    )
-    .unwrap();
+    let p = plan(&["--image", img.to_str().unwrap(), "--create", "8m"]).unwrap();
     assert_eq!(std::fs::metadata(&img).unwrap().len(), 8 << 20);
     let data = std::fs::read(&img).unwrap();
     assert!(
@@ -254,18 +230,14 @@ fn image_plan_runs_native_on_the_file() {
     );
     let s = shell_join(&p.server_argv(Setup::IoThreads(1)).unwrap());
     assert!(s.contains("--cache none"), "{s}");
-    let e = Plan::new(
-        &args(&[
-            "--image",
-            img.to_str().unwrap(),
-            "--size",
-            "1G",
-            "--matrix",
-            "seeds",
-        ]),
-        "/x/vqblk".into(),
-        2,
-    );
+    let e = plan(&[
+        "--image",
+        img.to_str().unwrap(),
+        "--size",
+        "1G",
+        "--matrix",
+        "seeds",
+    ]);
     assert!(format!("{:#}", e.unwrap_err()).contains("too small"));
 }
 
