@@ -462,7 +462,8 @@ impl Drop for IoThreadHandle {
     }
 }
 
-fn pin_to(cpus: &[usize]) {
+/// Pins the calling thread to `cpus` (a warning if the kernel refuses).
+pub(crate) fn pin_to(cpus: &[usize]) {
     // SAFETY: cpu_set_t is plain data; zeroed is the empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     for &c in cpus {
