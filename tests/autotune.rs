@@ -68,7 +68,13 @@ fn queues_spread_under_load_gather_when_idle_and_tune_off_freezes_them() {
     cfg.iothreads.auto = true;
     cfg.iothreads.cpuset = Some("0-1".into());
     let daemon = Daemon::start(&cfg).expect("daemon starts");
-    assert_eq!(active(&ctl), vec![0], "every queue starts on IOThread 0");
+    // On the IOThread whose CPU takes the disk's interrupts, else on 0.
+    let home = active(&ctl);
+    assert_eq!(
+        home.len(),
+        1,
+        "every queue starts on one IOThread: {home:?}"
+    );
 
     let mut c = Client::connect(&daemon.sockets()[0], QUEUES).unwrap();
     let mem = c.region.addr;
@@ -95,7 +101,7 @@ fn queues_spread_under_load_gather_when_idle_and_tune_off_freezes_them() {
         })
     };
 
-    // Loaded: IOThread 0 saturates and hands queues to IOThread 1.
+    // Loaded: the first IOThread saturates and hands queues to the other.
     let spread = run(&mut c, &stop, &|| {
         within(Duration::from_secs(40), || active(&ctl).len() > 1)
     });
@@ -110,8 +116,8 @@ fn queues_spread_under_load_gather_when_idle_and_tune_off_freezes_them() {
         .as_array()
         .unwrap()
         .iter()
-        .find(|t| t["id"] != json!(0) && t["active"] == json!(true))
-        .expect("an IOThread besides 0 is active");
+        .find(|t| t["id"] != json!(home[0]) && t["active"] == json!(true))
+        .expect("a second IOThread is active");
     let m = &woken["last-move"];
     assert!(
         m["to"] == woken["id"] || m["from"] == woken["id"],

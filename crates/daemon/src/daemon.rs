@@ -212,6 +212,12 @@ pub enum DelError {
 }
 
 impl DaemonState {
+    /// The CPU each IOThread of a tuned pool is pinned to (one each).
+    fn auto_cpus(&self) -> Vec<usize> {
+        let pinned = |i: &IoThreadInfo| i.cpus.as_ref().and_then(|c| c.first().copied());
+        self.info.iter().map(|i| pinned(i).unwrap_or(0)).collect()
+    }
+
     /// Counters of every IOThread.
     pub(crate) fn stats(&self) -> DaemonSnapshot {
         DaemonSnapshot {
@@ -225,7 +231,7 @@ impl DaemonState {
         let mut plan = crate::config::validate_export(0, config, self.iothreads.len())
             .map_err(|e| ConfigError::new(e.field.trim_start_matches("export[0]."), e.message))?;
         if self.tuning.is_some() {
-            autotune::start_placement(&mut plan, self.iothreads.len());
+            autotune::start_placement(&mut plan, &self.auto_cpus());
         }
         if let Some(g) = config
             .throttle_group
@@ -505,7 +511,7 @@ impl Daemon {
                 ..Default::default()
             };
             for plan in &mut plans {
-                autotune::start_placement(plan, pool);
+                autotune::start_placement(plan, cpus);
             }
             info!(
                 "IOThreads: auto, one per CPU of {cpus:?}, at most {} active",

@@ -31,6 +31,7 @@ pub mod fastpath;
 pub(crate) mod fault;
 pub mod inflight;
 pub mod iothread;
+pub(crate) mod irq;
 pub(crate) mod logging;
 pub mod mapping;
 pub(crate) mod metrics;

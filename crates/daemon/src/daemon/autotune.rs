@@ -21,7 +21,7 @@ use log::{error, info, warn};
 
 use super::DaemonState;
 use crate::autotune::{AutoTune, Params, QueueSample, Reason, Sample, ThreadSample};
-use crate::config::ExportPlan;
+use crate::config::{BackendKind, ExportPlan};
 use crate::control::TunerMove;
 use crate::mapping::VirtqueueMap;
 use crate::metrics::{TuneBoard, TuneReading};
@@ -142,13 +142,35 @@ fn active(state: &DaemonState) -> Vec<bool> {
 }
 
 /// The initial placement of an export the policy may move: every queue on
-/// IOThread 0, so that the pool starts with few active threads and the
-/// policy wakes more as load comes.
-pub(crate) fn start_placement(plan: &mut ExportPlan, pool: usize) {
-    if !placed_by_config(&plan.config) {
-        plan.map =
-            VirtqueueMap::round_robin(plan.config.queues, &[0], pool).expect("IOThread 0 exists");
+/// one IOThread, so that the pool starts with few active threads and the
+/// policy wakes more as load comes. That thread is the one pinned to the
+/// CPU taking the most of the disk's completion interrupts (see
+/// [`crate::irq`]), else IOThread 0. `thread_cpus[i]` is the CPU IOThread
+/// `i` is pinned to.
+pub(crate) fn start_placement(plan: &mut ExportPlan, thread_cpus: &[usize]) {
+    if placed_by_config(&plan.config) {
+        return;
     }
+    let home = home_thread(plan, thread_cpus).unwrap_or(0);
+    plan.map = VirtqueueMap::round_robin(plan.config.queues, &[home], thread_cpus.len())
+        .expect("the home IOThread exists");
+}
+
+/// The IOThread pinned to the CPU that takes the most of the export's disk
+/// interrupts, if the disk is a local one that says.
+fn home_thread(plan: &ExportPlan, thread_cpus: &[usize]) -> Option<usize> {
+    let c = &plan.config;
+    if matches!(c.backend, BackendKind::Null | BackendKind::Rbd) {
+        return None;
+    }
+    let cpu = crate::irq::busiest_cpu_of(c.image.as_deref()?, thread_cpus)?;
+    let home = thread_cpus.iter().position(|&t| t == cpu)?;
+    info!(
+        "export {}: its queues start on IOThread {home}, on CPU {cpu}, which takes most \
+         of its disk's interrupts",
+        plan.name
+    );
+    Some(home)
 }
 
 fn placed_by_config(c: &crate::config::ExportConfig) -> bool {
