@@ -42,8 +42,10 @@ pub struct ServeArgs {
     /// Largest virtqueue size.
     #[arg(long, default_value_t = 256)]
     pub queue_size: u16,
-    /// Number of IOThreads in the pool, or `auto`: one per host CPU, the
-    /// active ones and the queue placement tuned online (docs/autotune.md).
+    /// Number of IOThreads in the pool, or `auto`: one per host CPU (not
+    /// pinned: the TOML's `[iothreads] cpuset` pins one to each of its
+    /// CPUs), the active ones and the queue placement tuned online
+    /// (docs/autotune.md).
     #[arg(long, default_value = "1", value_name = "N|auto")]
     pub iothreads: IoThreadsArg,
     /// With `--iothreads auto`: most cores the active IOThreads may take.

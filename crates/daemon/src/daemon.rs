@@ -212,10 +212,13 @@ pub enum DelError {
 }
 
 impl DaemonState {
-    /// The CPU each IOThread of a tuned pool is pinned to (one each).
-    fn auto_cpus(&self) -> Vec<usize> {
-        let pinned = |i: &IoThreadInfo| i.cpus.as_ref().and_then(|c| c.first().copied());
-        self.info.iter().map(|i| pinned(i).unwrap_or(0)).collect()
+    /// The CPU each IOThread is pinned to, if each is pinned to one.
+    fn one_cpu_each(&self) -> Option<Vec<usize>> {
+        let one = |i: &IoThreadInfo| match i.cpus.as_deref() {
+            Some(&[cpu]) => Some(cpu),
+            _ => None,
+        };
+        self.info.iter().map(one).collect()
     }
 
     /// Counters of every IOThread.
@@ -230,8 +233,9 @@ impl DaemonState {
     pub(crate) fn add_export(&self, config: &ExportConfig) -> Result<String, DaemonError> {
         let mut plan = crate::config::validate_export(0, config, self.iothreads.len())
             .map_err(|e| ConfigError::new(e.field.trim_start_matches("export[0]."), e.message))?;
-        if self.tuning.is_some() {
-            autotune::start_placement(&mut plan, &self.auto_cpus());
+        if let Some(tuning) = &self.tuning {
+            let pool = self.iothreads.len();
+            autotune::start_placement(&mut plan, pool, self.one_cpu_each().as_deref(), tuning);
         }
         if let Some(g) = config
             .throttle_group
@@ -504,24 +508,39 @@ impl Daemon {
         let mut info = Vec::new();
         let auto_cpus = config.iothreads.auto_cpus()?;
         let pool = config.iothreads.pool_size()?;
+        // A cpuset the operator gives is taken as CPUs for the pool: one
+        // IOThread pinned to each, as libvirt's iothreadpin. Without one the
+        // pool shares every CPU of the host with everything else, and a
+        // thread pinned to a CPU that other work takes (the disk's own
+        // interrupts and kernel writeback, a busy vCPU) waits for it while
+        // another CPU idles; the scheduler places those threads instead.
+        let pin_each = config.iothreads.cpuset.is_some();
         let tuning = auto_cpus.as_ref().map(|cpus| {
             let budget = config.iothreads.cpu_budget.unwrap_or(cpus.len() as f64);
             let params = crate::autotune::Params {
                 max_active: crate::autotune::Params::max_active_for_budget(budget),
                 ..Default::default()
             };
+            let tuning = autotune::Tuning::new(params);
+            let pinned = pin_each.then_some(cpus.as_slice());
             for plan in &mut plans {
-                autotune::start_placement(plan, cpus);
+                autotune::start_placement(plan, pool, pinned, &tuning);
             }
             info!(
-                "IOThreads: auto, one per CPU of {cpus:?}, at most {} active",
-                params.max_active
+                "IOThreads: auto, one per CPU of {cpus:?}{}, at most {} active",
+                if pin_each {
+                    ", pinned to it"
+                } else {
+                    ", not pinned"
+                },
+                tuning.params.max_active
             );
-            Arc::new(autotune::Tuning::new(params))
+            Arc::new(tuning)
         });
         for i in 0..pool {
             let cpus = match &auto_cpus {
-                Some(c) => Some(vec![c[i]]),
+                Some(c) if pin_each => Some(vec![c[i]]),
+                Some(_) => None,
                 None => config
                     .iothreads
                     .threads

@@ -28,7 +28,9 @@
 //!    coolest threads are emptied onto the other cool ones to make room.
 //! 4. *Park*: a thread whose queues fit on the other threads below
 //!    `park_below` (best fit; idle queues fit anywhere) gives them away and
-//!    is left parked (no queue, no CPU).
+//!    is left parked (no queue, no CPU). The coolest thread goes first,
+//!    but a thread that is the *home* of one of its queues (pinned to the
+//!    CPU taking the most of its disk's interrupts) goes last.
 //!
 //! **Hysteresis.** Thresholds apart (activate 0.90, balance 0.80, park
 //! 0.75), a rule must hold for `confirm_*` consecutive ticks before it acts
@@ -83,6 +85,9 @@ pub struct QueueSample {
     pub rate: f64,
     /// Placed by the configuration (`iothread-vq-mapping`): never moved.
     pub pinned: bool,
+    /// The IOThread on the CPU that takes the most of its disk's interrupts,
+    /// if the disk says: parking empties the other threads first.
+    pub home: Option<usize>,
 }
 
 /// What the controller measured over one tick.
@@ -255,6 +260,12 @@ impl View<'_> {
         (0..self.owner.len())
             .filter(|&i| self.owner[i] == t)
             .collect()
+    }
+    /// Whether `t` is the home of one of its queues.
+    fn is_home(&self, t: usize) -> bool {
+        self.queues_on(t)
+            .iter()
+            .any(|&i| self.sample.queues[i].home == Some(t))
     }
     fn has_pinned(&self, t: usize) -> bool {
         self.queues_on(t)
@@ -567,7 +578,11 @@ impl AutoTune {
                         .all(|&i| self.movable(v, i, honour_dwell))
             })
             .collect();
-        candidates.sort_by(|&a, &b| v.load[a].total_cmp(&v.load[b]));
+        // The coolest first; a thread that is home to one of its queues
+        // last (it runs where their completions arrive).
+        candidates.sort_by(|&a, &b| {
+            (v.is_home(a).cmp(&v.is_home(b))).then(v.load[a].total_cmp(&v.load[b]))
+        });
         for t in candidates {
             let mut w = v.clone();
             let mut qs = w.queues_on(t);

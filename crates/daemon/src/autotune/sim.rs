@@ -169,6 +169,7 @@ pub fn run_auto(scenario: &Scenario, params: Params) -> Outcome {
                         owner: owners[q],
                         rate,
                         pinned: false,
+                        home: None,
                     })
                     .collect(),
             };

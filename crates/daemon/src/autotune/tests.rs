@@ -20,6 +20,7 @@ fn sample(now_ms: u64, pool: usize, queues: &[(usize, f64, bool)]) -> Sample {
                 owner,
                 rate,
                 pinned,
+                home: None,
             })
             .collect(),
     }
@@ -147,6 +148,26 @@ fn idle_threads_are_consolidated_and_parked_slowly() {
     let to: Vec<usize> = d.iter().map(|d| d.to).collect();
     assert!(to.iter().all(|&t| t == to[0]), "all onto one: {d:?}");
     assert!(d.iter().all(|d| d.from != to[0]));
+}
+
+/// Of two cool threads, the one on the CPU that takes the disk's
+/// interrupts keeps the queues, though it is the cooler.
+#[test]
+fn parking_keeps_the_thread_where_the_disk_interrupts() {
+    let params = Params::default();
+    let mut p = AutoTune::new(params);
+    let q = [(0, 20_000.0, false), (1, 10_000.0, false)];
+    let mut s = sample(0, 2, &q);
+    for q in &mut s.queues {
+        q.home = Some(1);
+    }
+    let mut d = Vec::new();
+    for t in 0..params.confirm_park as u64 {
+        s.now_ms = t * 1000;
+        d = p.decide(&s);
+    }
+    assert_eq!(d.len(), 1, "{d:?}");
+    assert_eq!((d[0].from, d[0].to, d[0].reason), (0, 1, Reason::Park));
 }
 
 #[test]

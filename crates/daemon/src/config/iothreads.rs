@@ -33,8 +33,9 @@ pub struct IoThreadsConfig {
     /// `cpuset`, and the active set and queue placement tuned online
     /// (docs/autotune.md).
     pub auto: bool,
-    /// With `auto`: the host CPUs the pool may use (cpuset syntax; default:
-    /// every CPU of the host).
+    /// With `auto`: the host CPUs the pool may use (cpuset syntax), one
+    /// IOThread pinned to each; default: every CPU of the host, shared with
+    /// the rest of it, and the IOThreads are not pinned.
     pub cpuset: Option<String>,
     /// With `auto`: most cores the active IOThreads may take (default: the
     /// cpuset's size).

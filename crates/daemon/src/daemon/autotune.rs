@@ -42,6 +42,9 @@ pub(crate) struct Tuning {
     pub(crate) params: Params,
     /// Exports whose queues stay where they are (`tune` off).
     off: Mutex<HashSet<String>>,
+    /// The IOThread on the CPU that takes the most of an export's disk
+    /// interrupts, for the exports whose disk says.
+    homes: Mutex<HashMap<String, usize>>,
     /// Moves carried out, by reason, in the order of [`Reason::ALL`].
     moves: [AtomicU64; Reason::ALL.len()],
     /// Moves that failed (the queue stayed, or moves once its drain ends).
@@ -57,6 +60,7 @@ impl Tuning {
         Tuning {
             params,
             off: Mutex::new(HashSet::new()),
+            homes: Mutex::default(),
             moves: Default::default(),
             failed: AtomicU64::new(0),
             recent: Mutex::new(VecDeque::with_capacity(RECENT)),
@@ -77,6 +81,11 @@ impl Tuning {
     /// Is tuning of `export` on?
     pub(crate) fn is_on(&self, export: &str) -> bool {
         !self.off.lock().unwrap().contains(export)
+    }
+
+    /// The IOThread `export`'s queues run best on, if its disk says.
+    fn home_of(&self, export: &str) -> Option<usize> {
+        self.homes.lock().unwrap().get(export).copied()
     }
 
     /// Moves carried out, by reason label.
@@ -143,16 +152,26 @@ fn active(state: &DaemonState) -> Vec<bool> {
 
 /// The initial placement of an export the policy may move: every queue on
 /// one IOThread, so that the pool starts with few active threads and the
-/// policy wakes more as load comes. That thread is the one pinned to the
-/// CPU taking the most of the disk's completion interrupts (see
-/// [`crate::irq`]), else IOThread 0. `thread_cpus[i]` is the CPU IOThread
-/// `i` is pinned to.
-pub(crate) fn start_placement(plan: &mut ExportPlan, thread_cpus: &[usize]) {
+/// policy wakes more as load comes. With one CPU per IOThread
+/// (`thread_cpus[i]` is the CPU IOThread `i` is pinned to), that thread is
+/// the one on the CPU taking the most of the disk's completion interrupts
+/// (see [`crate::irq`]), kept in `tuning` for parking; else IOThread 0.
+pub(crate) fn start_placement(
+    plan: &mut ExportPlan,
+    pool: usize,
+    thread_cpus: Option<&[usize]>,
+    tuning: &Tuning,
+) {
     if placed_by_config(&plan.config) {
         return;
     }
-    let home = home_thread(plan, thread_cpus).unwrap_or(0);
-    plan.map = VirtqueueMap::round_robin(plan.config.queues, &[home], thread_cpus.len())
+    let home = thread_cpus.and_then(|cpus| home_thread(plan, cpus));
+    let mut homes = tuning.homes.lock().unwrap();
+    match home {
+        Some(h) => homes.insert(plan.name.clone(), h),
+        None => homes.remove(&plan.name),
+    };
+    plan.map = VirtqueueMap::round_robin(plan.config.queues, &[home.unwrap_or(0)], pool)
         .expect("the home IOThread exists");
 }
 
@@ -348,6 +367,7 @@ fn sample(
     let mut queues = Vec::new();
     for e in state.exports.lock().unwrap().iter() {
         let pinned = placed_by_config(&e.config) || !tuning.is_on(&e.name);
+        let home = tuning.home_of(&e.name);
         let map = e.map();
         let id = ids.id(&e.name);
         for q in 0..map.num_queues() {
@@ -359,6 +379,7 @@ fn sample(
                 owner: map.thread_of(q),
                 rate: done.saturating_sub(was) as f64 / dt,
                 pinned,
+                home,
             });
         }
     }
