@@ -161,3 +161,44 @@ fn queues_spread_under_load_gather_when_idle_and_tune_off_freezes_them() {
     drop(c);
     daemon.shutdown();
 }
+
+/// A pool given a cpuset pins one IOThread to each of its CPUs, as
+/// libvirt's iothreadpin; without one it shares every CPU of the host with
+/// the rest of it and pins none (a pinned thread would wait for a CPU that
+/// other work took while another CPU idled).
+#[test]
+fn only_a_given_cpuset_pins_the_pool() {
+    for cpuset in [None, Some("0")] {
+        let dir = scratch(&format!("autotune-pin-{}", cpuset.is_some()));
+        let ctl = dir.join("ctl.sock");
+        let mut cfg = ServeConfig {
+            exports: vec![export(&dir, BackendKind::Null, 1, 1 << 20)],
+            control: Some(ControlConfig {
+                socket: ctl.clone(),
+                mode: None,
+            }),
+            ..Default::default()
+        };
+        cfg.iothreads.auto = true;
+        cfg.iothreads.cpuset = cpuset.map(Into::into);
+        let daemon = Daemon::start(&cfg).expect("daemon starts");
+        let threads = ControlClient::connect(&ctl)
+            .unwrap()
+            .call("query-iothreads", json!({}))
+            .unwrap();
+        let cpus: Vec<_> = threads
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["cpus"].clone())
+            .collect();
+        match cpuset {
+            Some(_) => assert_eq!(cpus, vec![json!([0])], "{threads}"),
+            None => {
+                assert!(!cpus.is_empty(), "{threads}");
+                assert!(cpus.iter().all(|c| c.is_null()), "{threads}");
+            }
+        }
+        daemon.shutdown();
+    }
+}
