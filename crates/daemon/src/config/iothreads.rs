@@ -206,8 +206,8 @@ impl IoThreadsConfig {
         if let Some(i) = self.threads.iter().position(|t| t.cpuset.is_some()) {
             return Err(ConfigError::new(
                 format!("iothreads.thread[{i}].cpuset"),
-                "not with count = \"auto\": its IOThreads are pinned one per CPU of \
-                 iothreads.cpuset",
+                "not with count = \"auto\": it places its IOThreads itself (one pinned \
+                 to each CPU of iothreads.cpuset, if given)",
             ));
         }
         let cpus = match &self.cpuset {
