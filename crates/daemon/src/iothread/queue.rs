@@ -632,7 +632,7 @@ impl QueueSlot {
     /// status byte (0 if there is no status byte to write).
     pub(super) fn finish(
         &mut self,
-        f: Finished,
+        f: &Finished,
         stats: &IoThreadStats,
         warn: &mut WarnLimiter,
         now: Instant,
@@ -645,7 +645,7 @@ impl QueueSlot {
         } = f;
         let kind = ticket.kind;
         let c = &self.counters;
-        let (st, bytes) = match &result {
+        let (st, bytes) = match result {
             Ok(n) => (status::OK, *n),
             Err(e) => {
                 if warn.allow() {
@@ -671,7 +671,7 @@ impl QueueSlot {
         // Migration: the pages written are marked before the used index
         // publishes them (vhost-user "Dirty logging").
         if let Some(log) = &self.log {
-            log.mark_request(&written, ticket.status);
+            log.mark_request(written, ticket.status);
         }
         match kind {
             Some(ReqKind::Read) => {
@@ -702,7 +702,7 @@ impl QueueSlot {
                 error!("{} queue {}: {e}", self.device.name, self.key.queue);
             }
         }
-        match self.add_used(&mem, ticket.head, used_len) {
+        match self.add_used(mem, ticket.head, used_len) {
             Ok(()) => {
                 self.unnotified.add();
                 self.log_used();

@@ -226,12 +226,15 @@ impl Queues {
             self.finished = finished;
             return;
         }
-        for f in finished.drain(..) {
+        // By reference, then cleared: moving each `Finished` out of the list
+        // and into `finish` copied it twice per request (a memcpy call each).
+        for f in &finished {
             match self.slots.get_mut(f.ticket.slot.0).and_then(Option::as_mut) {
                 Some(q) => q.finish(f, &self.stats, &mut self.warn, now),
                 None => error!("completion for a released queue slot {:?}", f.ticket.slot),
             }
         }
+        finished.clear();
         if self.stats.used_publishes.get() != published {
             self.stats.used_batches.add(1);
         }
