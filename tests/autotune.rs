@@ -202,3 +202,58 @@ fn only_a_given_cpuset_pins_the_pool() {
         daemon.shutdown();
     }
 }
+
+/// An export added at run time goes through the same placement, from the
+/// control thread and under its seccomp filter: the sysfs and
+/// /proc/interrupts reads that find its disk's interrupt CPU neither stop
+/// the daemon nor spread its queues.
+#[test]
+fn an_export_added_at_run_time_starts_on_one_iothread() {
+    let dir = scratch("autotune-add");
+    let ctl = dir.join("ctl.sock");
+    let mut first = export(&dir, BackendKind::Null, 1, 1 << 20);
+    first.name = Some("first".into());
+    let mut cfg = ServeConfig {
+        exports: vec![first],
+        control: Some(ControlConfig {
+            socket: ctl.clone(),
+            mode: None,
+        }),
+        ..Default::default()
+    };
+    cfg.iothreads.auto = true;
+    cfg.iothreads.cpuset = Some("0-1".into());
+    let daemon = Daemon::start(&cfg).expect("daemon starts");
+    let image = dir.join("second.raw");
+    std::fs::File::create(&image)
+        .unwrap()
+        .set_len(1 << 20)
+        .unwrap();
+    let mut c = ControlClient::connect(&ctl).unwrap();
+    c.call(
+        "export-add",
+        json!({
+            "name": "second",
+            "image": image,
+            "socket": dir.join("second.sock"),
+            "queues": 4,
+        }),
+    )
+    .unwrap();
+    let exports = c.call("query-exports", json!({})).unwrap();
+    let second = exports
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == json!("second"))
+        .unwrap_or_else(|| panic!("{exports}"))
+        .clone();
+    let owners: std::collections::HashSet<String> = second["queues"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{second}"))
+        .iter()
+        .map(|m| m["iothread"].to_string())
+        .collect();
+    assert_eq!(owners.len(), 1, "{second}");
+    daemon.shutdown();
+}
