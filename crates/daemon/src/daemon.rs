@@ -212,15 +212,6 @@ pub enum DelError {
 }
 
 impl DaemonState {
-    /// The CPU each IOThread is pinned to, if each is pinned to one.
-    fn one_cpu_each(&self) -> Option<Vec<usize>> {
-        let one = |i: &IoThreadInfo| match i.cpus.as_deref() {
-            Some(&[cpu]) => Some(cpu),
-            _ => None,
-        };
-        self.info.iter().map(one).collect()
-    }
-
     /// Counters of every IOThread.
     pub(crate) fn stats(&self) -> DaemonSnapshot {
         DaemonSnapshot {
@@ -235,7 +226,8 @@ impl DaemonState {
             .map_err(|e| ConfigError::new(e.field.trim_start_matches("export[0]."), e.message))?;
         if let Some(tuning) = &self.tuning {
             let pool = self.iothreads.len();
-            autotune::start_placement(&mut plan, pool, self.one_cpu_each().as_deref(), tuning);
+            let pinned = one_cpu_each(self.info.iter().map(|i| i.cpus.as_deref()));
+            autotune::start_placement(&mut plan, pool, pinned.as_deref(), tuning);
         }
         if let Some(g) = config
             .throttle_group
@@ -442,6 +434,17 @@ fn open_rbd(c: &ExportConfig) -> Result<Disk, BlockError> {
 }
 
 /// Opens the disk of a validated export (a null disk needs nothing opened).
+/// The CPU each IOThread is pinned to, given each thread's CPUs, if each
+/// is pinned to exactly one.
+fn one_cpu_each<'a>(threads: impl Iterator<Item = Option<&'a [usize]>>) -> Option<Vec<usize>> {
+    threads
+        .map(|cpus| match cpus {
+            Some(&[cpu]) => Some(cpu),
+            _ => None,
+        })
+        .collect()
+}
+
 fn open_disk(p: &ExportPlan) -> Result<Disk, DaemonError> {
     let c = &p.config;
     Ok(match c.backend {
@@ -515,6 +518,18 @@ impl Daemon {
         // interrupts and kernel writeback, a busy vCPU) waits for it while
         // another CPU idles; the scheduler places those threads instead.
         let pin_each = config.iothreads.cpuset.is_some();
+        let thread_cpus: Vec<Option<Vec<usize>>> = (0..pool)
+            .map(|i| match &auto_cpus {
+                Some(c) => pin_each.then(|| vec![c[i]]),
+                None => config
+                    .iothreads
+                    .threads
+                    .iter()
+                    .find(|t| t.id == i)
+                    .and_then(|t| t.cpuset.as_deref())
+                    .map(|c| parse_cpuset(c).expect("validated")),
+            })
+            .collect();
         let tuning = auto_cpus.as_ref().map(|cpus| {
             let budget = config.iothreads.cpu_budget.unwrap_or(cpus.len() as f64);
             let params = crate::autotune::Params {
@@ -522,13 +537,13 @@ impl Daemon {
                 ..Default::default()
             };
             let tuning = autotune::Tuning::new(params);
-            let pinned = pin_each.then_some(cpus.as_slice());
+            let pinned = one_cpu_each(thread_cpus.iter().map(Option::as_deref));
             for plan in &mut plans {
-                autotune::start_placement(plan, pool, pinned, &tuning);
+                autotune::start_placement(plan, pool, pinned.as_deref(), &tuning);
             }
             info!(
                 "IOThreads: auto, one per CPU of {cpus:?}{}, at most {} active",
-                if pin_each {
+                if pinned.is_some() {
                     ", pinned to it"
                 } else {
                     ", not pinned"
@@ -537,18 +552,7 @@ impl Daemon {
             );
             Arc::new(tuning)
         });
-        for i in 0..pool {
-            let cpus = match &auto_cpus {
-                Some(c) if pin_each => Some(vec![c[i]]),
-                Some(_) => None,
-                None => config
-                    .iothreads
-                    .threads
-                    .iter()
-                    .find(|t| t.id == i)
-                    .and_then(|t| t.cpuset.as_deref())
-                    .map(|c| parse_cpuset(c).expect("validated")),
-            };
+        for (i, cpus) in thread_cpus.into_iter().enumerate() {
             let (poll_mode, poll_params) = config.iothreads.poll_for(i);
             info!("IOThread {i}: polling {poll_mode:?} {poll_params:?}");
             info.push(IoThreadInfo {
