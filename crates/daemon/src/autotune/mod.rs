@@ -261,11 +261,13 @@ impl View<'_> {
             .filter(|&i| self.owner[i] == t)
             .collect()
     }
-    /// Whether `t` is the home of one of its queues.
+    /// Whether `t` is the home of one of its queues (no list built: the
+    /// sort of park candidates asks this for every comparison).
     fn is_home(&self, t: usize) -> bool {
-        self.queues_on(t)
+        self.owner
             .iter()
-            .any(|&i| self.sample.queues[i].home == Some(t))
+            .zip(&self.sample.queues)
+            .any(|(&o, q)| o == t && q.home == Some(t))
     }
     fn has_pinned(&self, t: usize) -> bool {
         self.queues_on(t)
