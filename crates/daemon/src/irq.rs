@@ -5,10 +5,9 @@
 //! routed to, and the kernel hands the completion to the submitting thread
 //! there. A thread on another CPU pays a cross-CPU wake-up, or with io_uring
 //! an inter-processor interrupt, for every completion: on a VM each is a VM
-//! exit. Measured on a 2-vCPU VM whose disk interrupts go to CPU 1, one
-//! IOThread serving 4k O_DIRECT reads at QD1 did 4.8K IOPS pinned to CPU 0
-//! and 8.0K pinned to CPU 1. An unpinned thread is moved there by the
-//! scheduler; the pinned pool of `--iothreads auto` has to choose.
+//! exit (docs/autotune.md, "Placement on CPUs", has the figures). An
+//! unpinned thread is moved there by the scheduler; a pool pinned to a
+//! cpuset has to choose.
 //!
 //! The answer comes from files any thread may read (no directory listing,
 //! no `readlink`: the control socket's seccomp filter allows neither): the

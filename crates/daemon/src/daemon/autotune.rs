@@ -176,10 +176,11 @@ pub(crate) fn start_placement(
 }
 
 /// The IOThread pinned to the CPU that takes the most of the export's disk
-/// interrupts, if the disk is a local one that says.
+/// interrupts, if the disk is a local one that says (a null export has no
+/// image; an RBD image's name is not a path).
 fn home_thread(plan: &ExportPlan, thread_cpus: &[usize]) -> Option<usize> {
     let c = &plan.config;
-    if matches!(c.backend, BackendKind::Null | BackendKind::Rbd) {
+    if c.backend == BackendKind::Rbd {
         return None;
     }
     let cpu = crate::irq::busiest_cpu_of(c.image.as_deref()?, thread_cpus)?;
