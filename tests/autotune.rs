@@ -6,14 +6,14 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use blkio::ReqFlags;
 use common::*;
 use serde_json::json;
-use vqblk_daemon::config::{BackendKind, CacheMode, ControlConfig, ServeConfig};
+use vqblk_daemon::config::{BackendKind, CacheMode, ControlConfig, ExportConfig, ServeConfig};
 use vqblk_daemon::control::client::ControlClient;
 use vqblk_daemon::daemon::Daemon;
 
@@ -23,11 +23,33 @@ const QD: usize = 8;
 /// from the page cache inline), so the IOThread, not the client, saturates.
 const BS: usize = 64 << 10;
 
+/// Starts a daemon serving `e` with `--iothreads auto` (over `cpuset`, if
+/// given) and a control socket in `dir`, whose path it returns.
+fn start_tuned(dir: &Path, e: ExportConfig, cpuset: Option<&str>) -> (Daemon, PathBuf) {
+    let ctl = dir.join("ctl.sock");
+    let mut cfg = ServeConfig {
+        exports: vec![e],
+        control: Some(ControlConfig {
+            socket: ctl.clone(),
+            mode: None,
+        }),
+        ..Default::default()
+    };
+    cfg.iothreads.auto = true;
+    cfg.iothreads.cpuset = cpuset.map(Into::into);
+    (Daemon::start(&cfg).expect("daemon starts"), ctl)
+}
+
+/// The result of a control socket method without parameters.
+fn query(ctl: &Path, method: &str) -> serde_json::Value {
+    let mut c = ControlClient::connect(ctl).unwrap();
+    c.call(method, json!({})).unwrap()
+}
+
 /// The IOThreads that own a queue of the export now, as the control socket
 /// says.
 fn active(ctl: &Path) -> Vec<u64> {
-    let mut c = ControlClient::connect(ctl).unwrap();
-    let threads = c.call("query-iothreads", json!({})).unwrap();
+    let threads = query(ctl, "query-iothreads");
     threads
         .as_array()
         .unwrap()
@@ -56,18 +78,7 @@ fn queues_spread_under_load_gather_when_idle_and_tune_off_freezes_them() {
     let mut e = export(&dir, BackendKind::IoUring, QUEUES as u16, 64 << 20);
     e.cache = CacheMode::Writeback;
     e.name = Some("disk".into());
-    let ctl = dir.join("ctl.sock");
-    let mut cfg = ServeConfig {
-        exports: vec![e],
-        control: Some(ControlConfig {
-            socket: ctl.clone(),
-            mode: None,
-        }),
-        ..Default::default()
-    };
-    cfg.iothreads.auto = true;
-    cfg.iothreads.cpuset = Some("0-1".into());
-    let daemon = Daemon::start(&cfg).expect("daemon starts");
+    let (daemon, ctl) = start_tuned(&dir, e, Some("0-1"));
     // On the IOThread whose CPU takes the disk's interrupts, else on 0.
     let home = active(&ctl);
     assert_eq!(
@@ -108,10 +119,7 @@ fn queues_spread_under_load_gather_when_idle_and_tune_off_freezes_them() {
     assert!(spread, "the queues stayed on {:?} under load", active(&ctl));
     // The thread that took queues says why, as the control socket's
     // last-moves do.
-    let threads = ControlClient::connect(&ctl)
-        .unwrap()
-        .call("query-iothreads", json!({}))
-        .unwrap();
+    let threads = query(&ctl, "query-iothreads");
     let woken = threads
         .as_array()
         .unwrap()
@@ -170,22 +178,9 @@ fn queues_spread_under_load_gather_when_idle_and_tune_off_freezes_them() {
 fn only_a_given_cpuset_pins_the_pool() {
     for cpuset in [None, Some("0")] {
         let dir = scratch(&format!("autotune-pin-{}", cpuset.is_some()));
-        let ctl = dir.join("ctl.sock");
-        let mut cfg = ServeConfig {
-            exports: vec![export(&dir, BackendKind::Null, 1, 1 << 20)],
-            control: Some(ControlConfig {
-                socket: ctl.clone(),
-                mode: None,
-            }),
-            ..Default::default()
-        };
-        cfg.iothreads.auto = true;
-        cfg.iothreads.cpuset = cpuset.map(Into::into);
-        let daemon = Daemon::start(&cfg).expect("daemon starts");
-        let threads = ControlClient::connect(&ctl)
-            .unwrap()
-            .call("query-iothreads", json!({}))
-            .unwrap();
+        let e = export(&dir, BackendKind::Null, 1, 1 << 20);
+        let (daemon, ctl) = start_tuned(&dir, e, cpuset);
+        let threads = query(&ctl, "query-iothreads");
         let cpus: Vec<_> = threads
             .as_array()
             .unwrap()
@@ -210,20 +205,9 @@ fn only_a_given_cpuset_pins_the_pool() {
 #[test]
 fn an_export_added_at_run_time_starts_on_one_iothread() {
     let dir = scratch("autotune-add");
-    let ctl = dir.join("ctl.sock");
     let mut first = export(&dir, BackendKind::Null, 1, 1 << 20);
     first.name = Some("first".into());
-    let mut cfg = ServeConfig {
-        exports: vec![first],
-        control: Some(ControlConfig {
-            socket: ctl.clone(),
-            mode: None,
-        }),
-        ..Default::default()
-    };
-    cfg.iothreads.auto = true;
-    cfg.iothreads.cpuset = Some("0-1".into());
-    let daemon = Daemon::start(&cfg).expect("daemon starts");
+    let (daemon, ctl) = start_tuned(&dir, first, Some("0-1"));
     let image = dir.join("second.raw");
     std::fs::File::create(&image)
         .unwrap()
@@ -240,7 +224,7 @@ fn an_export_added_at_run_time_starts_on_one_iothread() {
         }),
     )
     .unwrap();
-    let exports = c.call("query-exports", json!({})).unwrap();
+    let exports = query(&ctl, "query-exports");
     let second = exports
         .as_array()
         .unwrap()
