@@ -10,6 +10,7 @@
 //! | [`ThreadKind::IoThread`] | `vqblk-iot<N>` | epoll, io_uring, eventfds and timerfds, synchronous file I/O fallbacks; `fcntl` only as F_GETFD (std asks it when a debug build closes an fd) |
 //! | [`ThreadKind::Worker`] | `vqblk-iot<N>-w<K>` (backend `threads`) | positional vectored I/O, `fallocate`, `fdatasync` |
 //! | [`ThreadKind::Metrics`] | `vqblk-metrics` and the HTTP server's threads it starts | accept and answer TCP connections on the listening socket it was given, start threads |
+//! | [`ThreadKind::Tune`] | `vqblk-tune` (`--iothreads auto`) | nothing: it reads counters and thread CPU clocks, and moves queues by sending IOThreads a command and waking them (an eventfd `write`) |
 //!
 //! The common set is what any Rust thread needs to run and log: memory management,
 //! futexes, signals' own bookkeeping, clocks, `write` to stderr, `close`, exit; it
@@ -68,16 +69,19 @@ pub enum ThreadKind {
     /// The Prometheus metrics thread (`--metrics`) and tiny_http's accept and
     /// connection threads, which it starts under its filter.
     Metrics,
+    /// The IOThread pool's controller (`vqblk-tune`, `--iothreads auto`).
+    Tune,
 }
 
 impl ThreadKind {
     /// Every kind of filtered thread.
-    pub const ALL: [ThreadKind; 5] = [
+    pub const ALL: [ThreadKind; 6] = [
         ThreadKind::Control,
         ThreadKind::Rpc,
         ThreadKind::IoThread,
         ThreadKind::Worker,
         ThreadKind::Metrics,
+        ThreadKind::Tune,
     ];
 }
 
@@ -263,6 +267,14 @@ const METRICS: &[libc::c_long] = &[
     libc::SYS_rseq,
 ];
 
+/// The IOThread pool's controller: the common set is all it needs. Its
+/// samples are atomic counters and `clock_gettime` on the IOThreads' CPU
+/// clocks; a queue move is a command on an IOThread's channel (futex), an
+/// eventfd `write` that wakes it, and a wait for its reply (futex with a
+/// timeout). It opens nothing: the disks' interrupt CPUs are looked up by
+/// the thread that starts or adds an export.
+const TUNE: &[libc::c_long] = &[];
+
 fn target_arch() -> Result<TargetArch, SeccompError> {
     match std::env::consts::ARCH {
         "x86_64" => Ok(TargetArch::x86_64),
@@ -280,6 +292,7 @@ pub fn allowed(kind: ThreadKind) -> Vec<libc::c_long> {
         ThreadKind::IoThread => IOTHREAD,
         ThreadKind::Worker => WORKER,
         ThreadKind::Metrics => METRICS,
+        ThreadKind::Tune => TUNE,
     };
     // The RPC thread serves its clients as a control thread serves a frontend.
     let base: &[libc::c_long] = if kind == ThreadKind::Rpc {
@@ -550,6 +563,7 @@ extern "C" fn on_sigsys(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mu
         Some(ThreadKind::IoThread) => b"IOThread",
         Some(ThreadKind::Worker) => b"worker",
         Some(ThreadKind::Metrics) => b"metrics",
+        Some(ThreadKind::Tune) => b"tuning",
         None => b"daemon",
     });
     put(b"; stopping (--seccomp log lets the kernel log such calls instead)\n");
@@ -713,6 +727,7 @@ pub(crate) mod tests {
             ThreadKind::IoThread,
             ThreadKind::Worker,
             ThreadKind::Metrics,
+            ThreadKind::Tune,
         ] {
             let a = allowed(kind);
             for nr in [
@@ -760,6 +775,7 @@ pub(crate) mod tests {
             ThreadKind::IoThread,
             ThreadKind::Worker,
             ThreadKind::Metrics,
+            ThreadKind::Tune,
         ] {
             let (sock, file, write_ok) = under_filter(kind, || {
                 let sock = socket_errno();
@@ -945,9 +961,23 @@ pub(crate) mod tests {
         }
     }
 
+    /// The controller of `--iothreads auto` reads counters and clocks and
+    /// wakes IOThreads: nothing beyond what every thread may do, so neither
+    /// what the control socket's thread may (open images, bind sockets,
+    /// start threads) nor file or socket I/O.
+    #[test]
+    fn the_tuning_thread_may_do_only_what_every_thread_does() {
+        let mut common = COMMON.to_vec();
+        common.sort_unstable();
+        assert_eq!(allowed(ThreadKind::Tune), common);
+        for nr in [libc::SYS_read, libc::SYS_recvmsg, libc::SYS_fcntl] {
+            assert!(!allowed(ThreadKind::Tune).contains(&nr), "{nr}");
+        }
+    }
+
     #[test]
     fn only_iothreads_may_start_threads() {
-        for kind in [ThreadKind::Control, ThreadKind::Worker] {
+        for kind in [ThreadKind::Control, ThreadKind::Worker, ThreadKind::Tune] {
             assert!(!allowed(kind).contains(&libc::SYS_clone3), "{kind:?}");
             assert!(!allowed(kind).contains(&libc::SYS_clone), "{kind:?}");
         }

@@ -213,9 +213,7 @@ impl Controller {
         let thread = std::thread::Builder::new()
             .name("vqblk-tune".into())
             .spawn(move || {
-                // It reads counters and thread clocks and sends queue moves:
-                // what the control socket's thread does, so its filter.
-                if let Err(e) = crate::seccomp::apply(ThreadKind::Rpc, seccomp) {
+                if let Err(e) = crate::seccomp::apply(ThreadKind::Tune, seccomp) {
                     error!("{e}: the tuning thread runs without a filter");
                 }
                 let Some(tuning) = state.tuning.clone() else {
