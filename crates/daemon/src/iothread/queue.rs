@@ -11,7 +11,6 @@ use std::collections::VecDeque;
 use std::fs::File;
 use std::io::Write;
 use std::sync::Arc;
-use std::time::Instant;
 
 use log::{debug, error, warn};
 use virtio_queue::{Queue, QueueT};
@@ -146,8 +145,9 @@ pub(super) struct QueueSlot {
     record: Option<InflightQueue>,
     /// Heads a dead daemon left in flight, executed before anything new.
     resubmit: VecDeque<u16>,
-    /// When each head (by index) was popped, for the latency histogram.
-    popped_at: Box<[Instant]>,
+    /// When each head (by index) was popped, on the pass clock
+    /// ([`super::event_loop::pass_ns`]), for the latency histogram.
+    popped_at: Box<[u64]>,
     /// The migration dirty log while it is on (vhost-user VHOST_F_LOG_ALL).
     log: Option<QueueLog>,
     /// What the queue's requests draw on: the I/O limits (its export's, or
@@ -188,7 +188,7 @@ impl QueueSlot {
             avail_seen,
             state: SlotState::Serving,
             kicks: Kicks::Armed,
-            popped_at: vec![Instant::now(); size].into(),
+            popped_at: vec![0; size].into(),
             record,
             resubmit: resubmit.into(),
             log: a.log,
@@ -394,7 +394,7 @@ impl QueueSlot {
         exec: &mut Executor,
         mem: &Arc<GuestMem>,
         budget: &mut usize,
-        now: Instant,
+        now: u64,
     ) {
         let size = self.queue.size();
         let table = GuestAddress(self.queue.desc_table());
@@ -467,7 +467,7 @@ impl QueueSlot {
         id: SlotId,
         exec: &mut Executor,
         rearm: bool,
-        now: Instant,
+        now: u64,
         mem: &Arc<GuestMem>,
         mut budget: usize,
     ) -> Popped {
@@ -635,7 +635,7 @@ impl QueueSlot {
         f: &Finished,
         stats: &IoThreadStats,
         warn: &mut WarnLimiter,
-        now: Instant,
+        now: u64,
     ) {
         let Finished {
             ticket,
@@ -656,8 +656,7 @@ impl QueueSlot {
             }
         };
         if let Some(t) = self.popped_at.get(ticket.head as usize) {
-            c.latency
-                .observe(now.saturating_duration_since(*t).as_nanos() as u64);
+            c.latency.observe(now.saturating_sub(*t));
         }
         let data_len = if kind.is_some_and(ReqKind::writes_guest) {
             bytes as u32

@@ -152,13 +152,7 @@ impl Queues {
     /// pass's clock (when its wait ended): the pop time of what it pops and
     /// the completion time of what it finishes, so the latency histogram
     /// costs no clock read of its own.
-    pub fn process(
-        &mut self,
-        id: SlotId,
-        exec: &mut Executor,
-        rearm: bool,
-        now: Instant,
-    ) -> Popped {
+    pub fn process(&mut self, id: SlotId, exec: &mut Executor, rearm: bool, now: u64) -> Popped {
         let Some(mem) = self.get(id).map(QueueSlot::memory) else {
             return Popped::Drained;
         };
@@ -192,7 +186,7 @@ impl Queues {
         id: SlotId,
         exec: &mut Executor,
         rearm: bool,
-        now: Instant,
+        now: u64,
         mem: &Arc<GuestMem>,
         budget: usize,
     ) -> (Popped, usize) {
@@ -218,7 +212,7 @@ impl Queues {
     /// Finishes every request the executor is done with: the one place a
     /// request's status is written and its used entry added. `now` is the
     /// completion time (the pass's clock).
-    pub fn deliver(&mut self, exec: &mut Executor, now: Instant) {
+    pub fn deliver(&mut self, exec: &mut Executor, now: u64) {
         let mut finished = std::mem::take(&mut self.finished);
         exec.complete(&mut finished);
         let published = self.stats.used_publishes.get();

@@ -15,6 +15,7 @@ use virtio_queue::mock::MockSplitQueue;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic, GuestMemoryMmap};
 
+use super::event_loop::pass_ns;
 use super::executor::{Executor, SlotId};
 use super::queue::{Popped, QueueSlot};
 use super::queues::{Queues, CALL_EVERY, POP_BUDGET};
@@ -269,11 +270,11 @@ impl Rig {
     fn run(&mut self) -> Vec<(u32, u32)> {
         while self
             .queues
-            .process(self.id, &mut self.exec, true, Instant::now())
+            .process(self.id, &mut self.exec, true, pass_ns(Instant::now()))
             == Popped::More
         {}
         for _ in 0..5000 {
-            self.queues.deliver(&mut self.exec, Instant::now());
+            self.queues.deliver(&mut self.exec, pass_ns(Instant::now()));
             if self.queues.inflight() == 0 {
                 break;
             }
@@ -306,7 +307,7 @@ impl Rig {
     fn pop_without_reaping(&mut self) {
         let mem = self.queues.get(self.id).unwrap().memory();
         let q = self.queues.get_mut(self.id).unwrap();
-        let now = Instant::now();
+        let now = pass_ns(Instant::now());
         while q.process(self.id, &mut self.exec, true, now, &mem, POP_BUDGET) == Popped::HandBack {}
     }
 
@@ -479,7 +480,8 @@ fn get_id_is_answered_by_the_device_model() {
         r.fill(DATA, &[0xcc; 32]);
         let q = r.push(req_type::GET_ID, 0, &[(DATA, 32, true)]);
         // Answered without the backend.
-        r.queues.process(r.id, &mut r.exec, true, Instant::now());
+        r.queues
+            .process(r.id, &mut r.exec, true, pass_ns(Instant::now()));
         assert_eq!(r.exec.inflight(), 0);
         assert_eq!(r.run(), vec![(q.head as u32, 20 + 1)]);
         assert_eq!(r.used_idx(), 1);
@@ -954,7 +956,8 @@ fn a_pass_publishes_each_finished_request_before_the_next_pop() {
             r.push(req_type::IN, i * 8, &[(DATA + i * 0x1000, 4096, true)]);
         }
         assert_eq!(
-            r.queues.process(r.id, &mut r.exec, true, Instant::now()),
+            r.queues
+                .process(r.id, &mut r.exec, true, pass_ns(Instant::now())),
             Popped::Drained
         );
         assert_eq!(r.stats.popped.get(), 16, "{kind:?}");
@@ -1038,8 +1041,9 @@ fn null_latency_delays_completion() {
     );
     let q = r.push(req_type::IN, 0, &[(DATA, 512, true)]);
     let t = Instant::now();
-    r.queues.process(r.id, &mut r.exec, true, Instant::now());
-    r.queues.deliver(&mut r.exec, Instant::now());
+    r.queues
+        .process(r.id, &mut r.exec, true, pass_ns(Instant::now()));
+    r.queues.deliver(&mut r.exec, pass_ns(Instant::now()));
     if t.elapsed() < Duration::from_millis(15) {
         assert_eq!(r.used_idx(), 0);
         assert_eq!(r.exec.inflight(), 1);
@@ -1076,19 +1080,21 @@ fn polling_keeps_kicks_off_and_sleeping_turns_them_on() {
     let q = r.push(req_type::FLUSH, 0, &[]);
     assert!(r.queues.get(r.id).unwrap().has_avail(&r.mem));
     // Polling: popped with notifications left off.
-    r.queues.process(r.id, &mut r.exec, false, Instant::now());
+    r.queues
+        .process(r.id, &mut r.exec, false, pass_ns(Instant::now()));
     assert_eq!(
         flags(&r) & VRING_USED_F_NO_NOTIFY as u16,
         VRING_USED_F_NO_NOTIFY as u16
     );
     assert!(!r.queues.get(r.id).unwrap().has_avail(&r.mem));
-    r.queues.deliver(&mut r.exec, Instant::now());
+    r.queues.deliver(&mut r.exec, pass_ns(Instant::now()));
     assert_eq!(r.status(&q), status::OK);
     // About to sleep: re-armed, and nothing arrived meanwhile.
     assert!(!r.queues.get_mut(r.id).unwrap().arm_or_break());
     assert_eq!(flags(&r) & VRING_USED_F_NO_NOTIFY as u16, 0);
     // A request that arrives while kicks are off is found when re-arming.
-    r.queues.process(r.id, &mut r.exec, false, Instant::now());
+    r.queues
+        .process(r.id, &mut r.exec, false, pass_ns(Instant::now()));
     let q2 = r.push(req_type::FLUSH, 0, &[]);
     assert!(r.queues.get_mut(r.id).unwrap().arm_or_break());
     assert_eq!(r.run(), vec![(q.head as u32, 1), (q2.head as u32, 1)]);
@@ -1170,13 +1176,15 @@ fn a_full_ring_is_popped_a_budget_at_a_time() {
     let first = r.push(req_type::IN, 0, &[(DATA, 512, true)]);
     repeat_head(&mut r, first.head, n - 1);
     assert_eq!(
-        r.queues.process(r.id, &mut r.exec, true, Instant::now()),
+        r.queues
+            .process(r.id, &mut r.exec, true, pass_ns(Instant::now())),
         Popped::More
     );
     assert_eq!(r.stats.popped.get(), POP_BUDGET as u64, "one budget popped");
     assert_eq!(r.stats.budget_exhausted.get(), 1);
     assert_eq!(
-        r.queues.process(r.id, &mut r.exec, true, Instant::now()),
+        r.queues
+            .process(r.id, &mut r.exec, true, pass_ns(Instant::now())),
         Popped::Drained
     );
     assert_eq!(r.stats.popped.get(), n as u64);
@@ -1200,10 +1208,10 @@ fn a_flooding_queue_leaves_room_for_another_each_pass() {
         passes += 1;
         let f = flood
             .queues
-            .process(flood.id, &mut flood.exec, true, Instant::now());
+            .process(flood.id, &mut flood.exec, true, pass_ns(Instant::now()));
         quiet
             .queues
-            .process(quiet.id, &mut quiet.exec, true, Instant::now());
+            .process(quiet.id, &mut quiet.exec, true, pass_ns(Instant::now()));
         assert!(flood.stats.popped.get() <= (POP_BUDGET * passes) as u64);
         if quiet.stats.popped.get() == 1 {
             break;
@@ -1221,7 +1229,8 @@ fn an_avail_index_beyond_the_queue_size_breaks_the_ring_once() {
         let mut r = Rig::new(kind);
         set_avail_idx(&mut r, QUEUE_SIZE + 1);
         assert_eq!(
-            r.queues.process(r.id, &mut r.exec, true, Instant::now()),
+            r.queues
+                .process(r.id, &mut r.exec, true, pass_ns(Instant::now())),
             Popped::Drained
         );
         assert_eq!(r.stats.broken_rings.get(), 1, "{kind:?}");
@@ -1230,7 +1239,8 @@ fn an_avail_index_beyond_the_queue_size_breaks_the_ring_once() {
         // pass does not touch it (no busy loop, no second count).
         assert_eq!(r.queues.inflight(), 0);
         assert_eq!(
-            r.queues.process(r.id, &mut r.exec, true, Instant::now()),
+            r.queues
+                .process(r.id, &mut r.exec, true, pass_ns(Instant::now())),
             Popped::Drained
         );
         assert_eq!(r.stats.broken_rings.get(), 1);
@@ -1247,10 +1257,11 @@ fn a_head_beyond_the_queue_size_breaks_the_ring() {
     r.mem.write_obj(100u16, GuestAddress(slot)).unwrap();
     let next = r.avail_idx + 1;
     set_avail_idx(&mut r, next);
-    r.queues.process(r.id, &mut r.exec, true, Instant::now());
+    r.queues
+        .process(r.id, &mut r.exec, true, pass_ns(Instant::now()));
     assert_eq!(r.stats.broken_rings.get(), 1);
     // The request before it is still completed.
-    r.queues.deliver(&mut r.exec, Instant::now());
+    r.queues.deliver(&mut r.exec, pass_ns(Instant::now()));
     assert_eq!(r.used_idx(), 1);
     assert_eq!(r.status(&good), status::OK);
 }
@@ -1525,7 +1536,8 @@ fn inflight_record_follows_the_queue_and_survives_a_crash() {
         .map(|i| r.push(req_type::OUT, 8 * i, &[(DATA, 512, false)]))
         .collect();
     // Popped (not yet completed): marked, counters in pop order.
-    r.queues.process(r.id, &mut r.exec, true, Instant::now());
+    r.queues
+        .process(r.id, &mut r.exec, true, pass_ns(Instant::now()));
     assert_eq!(
         r.used_idx(),
         0,
@@ -1550,7 +1562,8 @@ fn inflight_record_follows_the_queue_and_survives_a_crash() {
 
     // One more request, popped and running when the process dies...
     let running = r.push(req_type::OUT, 64, &[(DATA, 512, false)]);
-    r.queues.process(r.id, &mut r.exec, true, Instant::now());
+    r.queues
+        .process(r.id, &mut r.exec, true, pass_ns(Instant::now()));
     assert_eq!(region_desc(&file, running.head), (1, 4));
     // ...and the crash window of the third completion: the used ring shows it
     // (idx 3), the region still has it in flight with used_idx 2 (its
@@ -1692,7 +1705,8 @@ fn a_request_in_flight_when_logging_starts_is_marked_at_completion() {
     );
     let q = r.push(req_type::IN, 0, &[(DATA, 4096, true)]);
     assert_eq!(
-        r.queues.process(r.id, &mut r.exec, true, Instant::now()),
+        r.queues
+            .process(r.id, &mut r.exec, true, pass_ns(Instant::now())),
         Popped::Drained
     );
     assert_eq!(r.queues.inflight(), 1);
@@ -1722,9 +1736,13 @@ fn requests_allocate_nothing_in_steady_state() {
                 r.push(rtype, 8 * i, &[(at, 4096, rtype == req_type::IN)]);
             }
             let ((), n) = allocations_in(|| {
-                while r.queues.process(r.id, &mut r.exec, true, Instant::now()) == Popped::More {}
+                while r
+                    .queues
+                    .process(r.id, &mut r.exec, true, pass_ns(Instant::now()))
+                    == Popped::More
+                {}
                 for _ in 0..5000 {
-                    r.queues.deliver(&mut r.exec, Instant::now());
+                    r.queues.deliver(&mut r.exec, pass_ns(Instant::now()));
                     if r.queues.inflight() == 0 {
                         break;
                     }
@@ -1775,9 +1793,11 @@ fn throttled(kind: Kind, limits: ThrottleLimits) -> Rig {
 /// One pass over the rig's queue as the event loop makes it, delivering
 /// what finished; what the pass returned.
 fn pass(r: &mut Rig) -> Popped {
-    let p = r.queues.process(r.id, &mut r.exec, true, Instant::now());
+    let p = r
+        .queues
+        .process(r.id, &mut r.exec, true, pass_ns(Instant::now()));
     for _ in 0..5000 {
-        r.queues.deliver(&mut r.exec, Instant::now());
+        r.queues.deliver(&mut r.exec, pass_ns(Instant::now()));
         let held = r.queues.get(r.id).unwrap().held_until().is_some();
         if r.queues.inflight() == usize::from(held) {
             break;
