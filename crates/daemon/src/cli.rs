@@ -92,6 +92,12 @@ pub struct ServeArgs {
     /// QEMU's null-co latency-ns (a stand-in for a device's latency).
     #[arg(long, value_name = "NS")]
     pub latency_ns: Option<u64>,
+    /// Null backend: whether reads write zeroes into the guest's buffers
+    /// (`on`, the default) or leave them as they are (`off`: no data is
+    /// transferred at all, like QEMU's null-co read-zeroes=off and SPDK's
+    /// null bdev; for measuring the request path alone).
+    #[arg(long, value_name = "on|off", value_parser = clap::builder::BoolishValueParser::new())]
+    pub read_zeroes: Option<bool>,
     /// Create the image with this size if it does not exist (sparse).
     #[arg(long, value_name = "SIZE")]
     pub create: Option<String>,
@@ -244,6 +250,7 @@ impl ServeArgs {
         e.serial = self.serial.clone();
         e.size = self.size.clone();
         e.latency_ns = self.latency_ns;
+        e.read_zeroes = self.read_zeroes;
         e.create = create;
         e.socket_mode = self.socket_mode.clone();
         if let Some(limits) = &self.throttle {
@@ -682,6 +689,7 @@ mod tests {
         assert!(with(&["--queue-size", "3"]).starts_with("--queue-size:"));
         assert!(with(&["--size", "1G"]).starts_with("--size:"));
         assert!(with(&["--latency-ns", "1000"]).starts_with("--latency-ns: only the null"));
+        assert!(with(&["--read-zeroes", "off"]).starts_with("--read-zeroes: only the null"));
         let null = ["--backend", "null", "--size", "1G", "--socket", "/s"];
         assert!(
             config_err(&[&null[..], &["--latency-ns", "2000000000"]].concat())

@@ -129,6 +129,11 @@ pub struct ExportConfig {
     /// QEMU's null-co `latency-ns`; default 0 = at once).
     #[serde(default)]
     pub latency_ns: Option<u64>,
+    /// Null backend: reads write zeroes into the guest's buffers (default
+    /// true); false leaves them untouched, as QEMU's null-co
+    /// `read-zeroes=off` and SPDK's null bdev.
+    #[serde(default)]
+    pub read_zeroes: Option<bool>,
     /// rbd backend: the ceph.conf to read (default: librados's search, `$CEPH_CONF` first).
     #[serde(default)]
     pub ceph_conf: Option<PathBuf>,
@@ -191,6 +196,7 @@ impl ExportConfig {
             size: None,
             create: None,
             latency_ns: None,
+            read_zeroes: None,
             ceph_conf: None,
             ceph_id: None,
             ceph_op_timeout: None,
@@ -514,6 +520,7 @@ pub(crate) fn validate_export(
                 ("size", e.size.is_some()),
                 ("create", e.create.is_some()),
                 ("latency-ns", e.latency_ns.is_some()),
+                ("read-zeroes", e.read_zeroes.is_some()),
             ] {
                 if given {
                     return Err(ConfigError::new(
@@ -540,6 +547,12 @@ pub(crate) fn validate_export(
                 return Err(ConfigError::new(
                     f("latency-ns"),
                     "only the null backend takes a latency (a real device has its own)",
+                ));
+            }
+            if e.read_zeroes.is_some() {
+                return Err(ConfigError::new(
+                    f("read-zeroes"),
+                    "only the null backend takes read-zeroes (a real device reads its data)",
                 ));
             }
             if size.is_some() {

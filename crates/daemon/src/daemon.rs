@@ -449,7 +449,11 @@ fn open_disk(p: &ExportPlan) -> Result<Disk, DaemonError> {
     let c = &p.config;
     Ok(match c.backend {
         BackendKind::Null => {
-            Disk::null(p.size.unwrap_or(0), c.read_only, c.latency_ns.unwrap_or(0))
+            let mut disk = Disk::null(p.size.unwrap_or(0), c.read_only, c.latency_ns.unwrap_or(0));
+            if c.read_zeroes == Some(false) {
+                disk = disk.without_read_zeroes();
+            }
+            disk
         }
         BackendKind::Rbd => open_rbd(c).map_err(|source| DaemonError::Block {
             export: p.name.clone(),

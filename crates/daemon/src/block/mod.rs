@@ -44,6 +44,9 @@ pub enum Backend {
     Null {
         /// Completion latency in ns (0: at once), as QEMU's null-co `latency-ns`.
         latency_ns: u64,
+        /// Reads write zeroes into their buffers (QEMU's null-co
+        /// `read-zeroes`); false: the buffers are not touched.
+        read_zeroes: bool,
     },
     /// The IOThread's io_uring, on the file `fd`.
     IoUring {
@@ -113,6 +116,9 @@ pub enum Disk {
         size: u64,
         /// Completion latency in ns (0: at once), as QEMU's null-co `latency-ns`.
         latency_ns: u64,
+        /// Reads write zeroes into their buffers (QEMU's null-co
+        /// `read-zeroes`, the default); false: no data is transferred.
+        read_zeroes: bool,
         /// Export is read-only.
         read_only: bool,
     },
@@ -145,7 +151,27 @@ impl Disk {
         Disk::Null {
             size: size / 512 * 512,
             latency_ns,
+            read_zeroes: true,
             read_only,
+        }
+    }
+
+    /// This disk, if null, with reads that leave the guest's buffers as they
+    /// are (QEMU's null-co `read-zeroes=off`, SPDK's null bdev).
+    pub fn without_read_zeroes(self) -> Disk {
+        match self {
+            Disk::Null {
+                size,
+                latency_ns,
+                read_only,
+                ..
+            } => Disk::Null {
+                size,
+                latency_ns,
+                read_zeroes: false,
+                read_only,
+            },
+            other => other,
         }
     }
 
@@ -272,8 +298,13 @@ impl Disk {
                     FileEngine::Threads => Backend::Threads { fd },
                 }
             }
-            Disk::Null { latency_ns, .. } => Backend::Null {
+            Disk::Null {
+                latency_ns,
+                read_zeroes,
+                ..
+            } => Backend::Null {
                 latency_ns: *latency_ns,
+                read_zeroes: *read_zeroes,
             },
             Disk::Rbd(image) => Backend::Rbd(image.handle()),
         }
@@ -437,7 +468,10 @@ impl Engines {
         // the caller upholds.
         unsafe {
             match backend {
-                Backend::Null { latency_ns } => self.null(latency_ns)?.submit(op, token),
+                Backend::Null {
+                    latency_ns,
+                    read_zeroes,
+                } => self.null(latency_ns)?.submit(op, token, read_zeroes),
                 Backend::IoUring { fd } => self.uring()?.submit(fd, op, token),
                 Backend::Threads { fd } => self.pool(name)?.submit(fd, op, token),
                 Backend::Rbd(image) => self.rbd(image)?.submit(op, token),

@@ -1,4 +1,5 @@
-//! The null engine: reads return zeroes, writes are dropped. Every operation
+//! The null engine: reads return zeroes (or, for a disk without QEMU's
+//! null-co `read-zeroes`, leave their buffers untouched), writes are dropped. Every operation
 //! completes at once, or `latency_ns` after its submission (as QEMU's null-co
 //! `latency-ns`; the latency is the engine's, given at construction),
 //! delivered like a device's: a timerfd raises the engine's notify fd when the
@@ -55,12 +56,13 @@ impl NullEngine {
 }
 
 impl NullEngine {
-    /// Queues `op`; the completion carries `token`.
+    /// Queues `op`; the completion carries `token`. A read writes zeroes
+    /// into its buffers if `read_zeroes`, else leaves them as they are.
     ///
     /// # Safety
     /// As [`Engines::submit`](super::Engines::submit).
-    pub unsafe fn submit(&mut self, op: &IoOp, token: u64) -> io::Result<()> {
-        if op.kind == IoKind::Read {
+    pub unsafe fn submit(&mut self, op: &IoOp, token: u64, read_zeroes: bool) -> io::Result<()> {
+        if op.kind == IoKind::Read && read_zeroes {
             for i in 0..op.iovcnt as usize {
                 // SAFETY: the caller guarantees `op.iov` holds `iovcnt` valid
                 // iovecs describing writable buffers.
@@ -141,7 +143,7 @@ mod tests {
         let mut e = NullEngine::new(0).unwrap();
         assert_eq!(e.notify_fd(), None);
         // SAFETY: a discard has no buffers.
-        unsafe { e.submit(&op(), 7).unwrap() };
+        unsafe { e.submit(&op(), 7, true).unwrap() };
         assert!(e.has_completions());
         let mut out = Vec::new();
         e.reap(&mut out);
@@ -161,10 +163,10 @@ mod tests {
         let fd = e.notify_fd().unwrap();
         let t = Instant::now();
         // SAFETY: discards have no buffers.
-        unsafe { e.submit(&op(), 1).unwrap() };
+        unsafe { e.submit(&op(), 1, true).unwrap() };
         std::thread::sleep(Duration::from_millis(20));
         // SAFETY: as above.
-        unsafe { e.submit(&op(), 2).unwrap() };
+        unsafe { e.submit(&op(), 2, true).unwrap() };
         e.commit().unwrap();
         let mut out = Vec::new();
         if t.elapsed() < Duration::from_millis(35) {
@@ -201,7 +203,7 @@ mod tests {
             ..op()
         };
         // SAFETY: a flush has no buffers.
-        unsafe { e.submit(&flush, 3).unwrap() };
+        unsafe { e.submit(&flush, 3, true).unwrap() };
         assert!(e.has_completions());
         let mut out = Vec::new();
         e.reap(&mut out);
@@ -212,5 +214,45 @@ mod tests {
                 result: 0
             }]
         );
+    }
+
+    /// A read fills its buffers with zeroes, or with `read_zeroes` off
+    /// leaves them as the guest had them; both complete with the full length.
+    #[test]
+    fn reads_zero_their_buffers_unless_read_zeroes_is_off() {
+        for (zeroes, expect) in [(true, 0u8), (false, 0xa5)] {
+            let mut e = NullEngine::new(0).unwrap();
+            let mut buf = vec![0xa5u8; 8192];
+            let iov = [
+                libc::iovec {
+                    iov_base: buf.as_mut_ptr().cast(),
+                    iov_len: 4096,
+                },
+                libc::iovec {
+                    // SAFETY: 4096 is inside the 8192-byte buffer.
+                    iov_base: unsafe { buf.as_mut_ptr().add(4096) }.cast(),
+                    iov_len: 4096,
+                },
+            ];
+            let read = IoOp {
+                kind: IoKind::Read,
+                len: 8192,
+                iov: iov.as_ptr(),
+                iovcnt: 2,
+                ..op()
+            };
+            // SAFETY: the iovecs describe `buf`, live until the reap below.
+            unsafe { e.submit(&read, 9, zeroes).unwrap() };
+            let mut out = Vec::new();
+            e.reap(&mut out);
+            assert_eq!(
+                out,
+                vec![Completion {
+                    token: 9,
+                    result: 8192
+                }]
+            );
+            assert!(buf.iter().all(|&b| b == expect), "read_zeroes {zeroes}");
+        }
     }
 }

@@ -71,6 +71,8 @@ pub struct ServeCommand {
     pub size: Option<u64>,
     /// `--latency-ns NS`: the null backend's completion delay.
     pub latency_ns: Option<u64>,
+    /// `--read-zeroes on|off`: whether the null backend's reads write zeroes.
+    pub read_zeroes: Option<bool>,
     /// `--create BYTES`: create a sparse image of this size if it is missing.
     pub create: Option<u64>,
     /// `--socket-mode MODE`: permission bits of the socket file (written in octal).
@@ -145,6 +147,9 @@ impl ServeCommand {
         }
         if let Some(n) = self.latency_ns {
             flag("--latency-ns", text(&n));
+        }
+        if let Some(z) = self.read_zeroes {
+            flag("--read-zeroes", (if z { "on" } else { "off" }).into());
         }
         if let Some(p) = &self.image {
             flag("--image", path(p));
