@@ -109,14 +109,15 @@ def serve(a):
         return os.path.join(work, f"{server.replace(' ', '_')}-{backend}.stats.json")
 
     def vqblk(name, extra, binary):
-        return (name, lambda b, i, s: start_vqblk(b, i, s, binary=binary, cpus=sc,
+        return (name, lambda b, i, s: start_vqblk(b, i, s, binary=binary, cpus=sc, read_zeroes=zeroes,
                                                   extra=extra + ["--stats-file", stats_file(name, b)]))
 
     extra = shlex.split(a.extra)
+    zeroes = a.read_zeroes == "on"
     servers = [
         vqblk("vqblk", extra, binary),
         vqblk("vqblk --poll off", extra + ["--poll", "off"], binary),
-        ("qemu-storage-daemon", lambda b, i, s: start_qsd(b, i, s, cpus=sc)),
+        ("qemu-storage-daemon", lambda b, i, s: start_qsd(b, i, s, cpus=sc, read_zeroes=zeroes)),
     ]
     if a.baseline:
         servers.insert(1, vqblk("vqblk (baseline)", shlex.split(a.baseline_extra), a.baseline))
@@ -1120,6 +1121,9 @@ def parser():
                    help="BACKEND:DEPTH,... instead of every --backends x --depths (e.g. null:1,null:16,file:16)")
     p.add_argument("--baseline", default=None, metavar="BINARY",
                    help="another vqblk binary to run as 'vqblk (baseline)', for an A/B")
+    p.add_argument("--read-zeroes", choices=["on", "off"], default="on",
+                   help="null backend: reads write zeroes (on, the default) or transfer no data (off: "
+                        "vqblk --read-zeroes off, qsd null-co read-zeroes=off; SPDK's null bdev never writes them)")
     p.add_argument("--extra", default="", help="extra serve flags for vqblk (e.g. \"--seccomp off\")")
     p.add_argument("--baseline-extra", default="", help="extra serve flags for the baseline")
     p.add_argument("--client", default=None, metavar="BINARY",

@@ -81,7 +81,8 @@ def pinned(args, cpus):
     return ["taskset", "-c", cpus, *args] if cpus else list(args)
 
 
-def start_vqblk(backend, image, sock, queues=1, iothreads=1, extra=(), binary=None, cpus=None):
+def start_vqblk(backend, image, sock, queues=1, iothreads=1, extra=(), binary=None, cpus=None,
+                read_zeroes=True):
     args = [binary or VQBLK, "serve", "--socket", sock, "--queues", str(queues), "--iothreads", str(iothreads),
             "--log-level", "warn", *extra]
     latency = null_latency(backend)
@@ -89,15 +90,17 @@ def start_vqblk(backend, image, sock, queues=1, iothreads=1, extra=(), binary=No
         args += ["--backend", "null", "--size", "1G"]
         if latency:
             args += ["--latency-ns", str(latency)]
+        if not read_zeroes:
+            args += ["--read-zeroes", "off"]
     else:
         args += ["--image", image, "--cache", "none"]
     return subprocess.Popen(pinned(args, cpus), stdout=subprocess.DEVNULL)
 
 
-def start_qsd(backend, image, sock, queues=1, poll_max_ns=None, cpus=None):
+def start_qsd(backend, image, sock, queues=1, poll_max_ns=None, cpus=None, read_zeroes=True):
     latency = null_latency(backend)
     if latency is not None:
-        blockdev = "driver=null-co,node-name=disk,size=1073741824,read-zeroes=on"
+        blockdev = "driver=null-co,node-name=disk,size=1073741824,read-zeroes=" + ("on" if read_zeroes else "off")
         if latency:
             blockdev += f",latency-ns={latency}"
     else:
