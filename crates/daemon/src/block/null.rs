@@ -12,7 +12,7 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 
 use super::{Completion, Engine, IoKind, IoOp};
-use crate::clock::{arm_timer_at, clock_ns, monotonic_timer};
+use crate::clock::{arm_timer_at, monotonic_ns, monotonic_timer};
 
 /// Completes operations in the submitting IOThread, at once or when due.
 #[derive(Default)]
@@ -78,7 +78,7 @@ impl NullEngine {
         };
         match &self.timer {
             Some(_) if op.kind != IoKind::Flush => {
-                let due = clock_ns(libc::CLOCK_MONOTONIC) + self.latency_ns;
+                let due = monotonic_ns() + self.latency_ns;
                 self.delayed.push(Reverse((due, token, result)));
             }
             _ => self.done.push(Completion { token, result }),
@@ -96,7 +96,7 @@ impl Engine for NullEngine {
     fn reap(&mut self, out: &mut Vec<Completion>) {
         out.append(&mut self.done);
         if !self.delayed.is_empty() {
-            let now = clock_ns(libc::CLOCK_MONOTONIC);
+            let now = monotonic_ns();
             while let Some(Reverse((due, token, result))) = self.delayed.peek().copied() {
                 if due > now {
                     break;
@@ -113,7 +113,7 @@ impl Engine for NullEngine {
             || self
                 .delayed
                 .peek()
-                .is_some_and(|Reverse((due, _, _))| *due <= clock_ns(libc::CLOCK_MONOTONIC))
+                .is_some_and(|Reverse((due, _, _))| *due <= monotonic_ns())
     }
 
     fn notify_fd(&self) -> Option<RawFd> {

@@ -17,25 +17,12 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::executor::{Executor, SlotId};
-use super::queue::{throttle_clock, Popped, QueueSlot, Release};
+use super::queue::{Popped, QueueSlot, Release};
 use super::queues::Queues;
 use super::{Command, GuestMem, IoThreadSetup, QueueAttach, QueueKey};
-use crate::clock::clock_ns;
+use crate::clock::{clock_ns, monotonic_ns};
 use crate::poll::{PollMode, PollPolicy};
 use crate::stats::IoThreadStats;
-
-/// `t` on the pass clock: ns since the first IOThread's first reading,
-/// plus one (0 is "never" for the polling policy). One origin for every
-/// IOThread, so a queue's pop times (its requests' latency is measured from
-/// them) stay on the same clock when it moves to another IOThread. A pass
-/// reads it once; a request's latency is then a subtraction of two `u64`s
-/// (an `Instant`'s costs about 50 instructions, a few percent of a request).
-pub(super) fn pass_ns(t: Instant) -> u64 {
-    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    t.saturating_duration_since(*EPOCH.get_or_init(Instant::now))
-        .as_nanos() as u64
-        + 1
-}
 
 mod commands;
 mod throttle_timer;
@@ -169,18 +156,14 @@ impl IoThread {
             self.finished_before = finished;
             let window = if serving { self.policy.poll_ns() } else { 0 };
             self.stats.poll_window_ns.set(window.min(i64::MAX as u64));
-            let t0 = Instant::now();
+            let t0 = monotonic_ns();
             let mut completed = false;
             let mut polled_hit = false;
             let mut slept = false;
             // Hybrid polling (adaptive): sleep through the part of the wait in
             // which no event is expected (notifications armed, as in any
             // sleep), then spin for the event the nap expected.
-            let nap = if serving {
-                self.policy.nap_at(self.clock_ns(t0))
-            } else {
-                0
-            };
+            let nap = if serving { self.policy.nap_at(t0) } else { 0 };
             if window > 0 || nap > 0 {
                 let mut deadline = window;
                 if nap > 0 {
@@ -190,7 +173,7 @@ impl IoThread {
                         slept = true;
                         self.nap(nap, &mut events, &mut ready, &mut completed);
                         let spin = self.policy.nap_spin_ns();
-                        deadline = deadline.max(t0.elapsed().as_nanos() as u64 + spin);
+                        deadline = deadline.max(monotonic_ns().saturating_sub(t0) + spin);
                     }
                 }
                 // A command handled during the nap (a queue to detach, say) is
@@ -198,9 +181,9 @@ impl IoThread {
                 if self.nothing_yet(&ready, completed) {
                     slept = false;
                     self.stats.poll_attempts.add(1);
-                    let t = Instant::now();
+                    let t = monotonic_ns();
                     polled_hit = self.poll(deadline, t0, &mut ready, &mut completed);
-                    self.stats.poll_ns.add(t.elapsed().as_nanos() as u64);
+                    self.stats.poll_ns.add(monotonic_ns().saturating_sub(t));
                 }
             }
             if !polled_hit && !slept {
@@ -210,18 +193,18 @@ impl IoThread {
                 self.arm_notifications(&mut ready);
             }
             if !polled_hit && !slept && self.nothing_yet(&ready, completed) {
-                let t = Instant::now();
+                let t = monotonic_ns();
                 // Until something real happens: a stale edge (see handle_events)
                 // is not a reason to run a pass.
                 while self.nothing_yet(&ready, completed) && !self.stopping {
                     self.wait_events(-1, &mut events, &mut ready, &mut completed);
                 }
-                self.stats.sleep_ns.add(t.elapsed().as_nanos() as u64);
+                self.stats.sleep_ns.add(monotonic_ns().saturating_sub(t));
             } else if self.pending.load(Ordering::Acquire) {
                 self.wait_events(0, &mut events, &mut ready, &mut completed);
             }
             // The pass's clock: the pop and completion time of what it handles.
-            let t_end = Instant::now();
+            let t_end = monotonic_ns();
             if polled_hit {
                 self.stats.poll_hits.add(1);
             }
@@ -241,12 +224,9 @@ impl IoThread {
                 sources.push(SOURCE_COMPLETIONS);
             }
             sources.extend(ready.iter().map(|s| s.0 + 1));
-            self.policy.update(
-                t_end.duration_since(t0).as_nanos() as u64,
-                &sources,
-                polled_hit,
-            );
-            let now = self.clock_ns(t_end);
+            self.policy
+                .update(t_end.saturating_sub(t0), &sources, polled_hit);
+            let now = t_end;
             self.policy.observe_events_at(now, &sources);
             // Keep kicks off while we expect to poll next time.
             let rearm = self.window() == 0;
@@ -324,17 +304,12 @@ impl IoThread {
         !self.stopping && self.queues.iter().any(|(_, q)| polled(q))
     }
 
-    /// `t` on the pass clock (see [`pass_ns`]).
-    fn clock_ns(&self, t: Instant) -> u64 {
-        pass_ns(t)
-    }
-
     /// Busy-polls the rings, the backends and the command flag for at most
     /// `window` ns from `t0`. Returns true if anything turned up.
     fn poll(
         &mut self,
         window: u64,
-        t0: Instant,
+        t0: u64,
         ready: &mut Vec<SlotId>,
         completed: &mut bool,
     ) -> bool {
@@ -350,10 +325,9 @@ impl IoThread {
             mems.push((slot, mem));
         }
         // A held-back queue that becomes due ends the slice too (busy
-        // polling may never sleep on the timer): when, on `t0`'s clock.
-        let due_at = (self.timer_at != 0).then(|| {
-            t0.elapsed().as_nanos() as u64 + self.timer_at.saturating_sub(throttle_clock())
-        });
+        // polling may never sleep on the timer): the timer's time is on the
+        // same clock.
+        let due_at = (self.timer_at != 0).then_some(self.timer_at);
         let mut spins = 0u32;
         let found = loop {
             for (slot, mem) in &mems {
@@ -371,14 +345,14 @@ impl IoThread {
             // Reading the clock costs more than a spin over the rings; look
             // at it every few spins.
             if spins.is_multiple_of(8) {
-                let elapsed = t0.elapsed().as_nanos() as u64;
-                if due_at.is_some_and(|t| elapsed >= t) {
+                let now = monotonic_ns();
+                if due_at.is_some_and(|t| now >= t) {
                     self.collect_due(ready);
                     if !ready.is_empty() {
                         break true;
                     }
                 }
-                if elapsed >= window {
+                if now.saturating_sub(t0) >= window {
                     break false;
                 }
             }
@@ -409,19 +383,20 @@ impl IoThread {
         ready: &mut Vec<SlotId>,
         completed: &mut bool,
     ) {
-        let start = Instant::now();
+        let start = monotonic_ns();
         // First take the stale edges (kicks and completions that polling already
         // served) without sleeping: each would otherwise cost a wake-up.
         self.wait_events(0, events, ready, completed);
         while self.nothing_yet(ready, *completed) {
-            let left = nap_ns.saturating_sub(start.elapsed().as_nanos() as u64);
+            let left = nap_ns.saturating_sub(monotonic_ns().saturating_sub(start));
             if left == 0 {
                 break;
             }
-            let t = Instant::now();
+            let t = monotonic_ns();
             match self.wait_events_ns(left, events, ready, completed) {
                 Some(0) => {
-                    self.policy.observe_nap(left, t.elapsed().as_nanos() as u64);
+                    self.policy
+                        .observe_nap(left, monotonic_ns().saturating_sub(t));
                     self.stats.nap_late_ns.set(self.policy.nap_late_ns());
                     break;
                 }
@@ -429,7 +404,9 @@ impl IoThread {
                 None => break,
             }
         }
-        self.stats.sleep_ns.add(start.elapsed().as_nanos() as u64);
+        self.stats
+            .sleep_ns
+            .add(monotonic_ns().saturating_sub(start));
     }
 
     /// Like [`Self::wait_events`] with a timeout in nanoseconds (epoll_pwait2),

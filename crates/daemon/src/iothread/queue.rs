@@ -20,7 +20,7 @@ use super::executor::{Executor, Finished, SlotId};
 use super::queues::WarnLimiter;
 use super::state::{Kicks, SlotState, Unnotified};
 use super::{BlockDevice, GuestMem, GuestMemHandle, QueueAttach, QueueKey, QueueLog};
-use crate::clock::clock_ns;
+use crate::clock::monotonic_ns;
 use crate::fastpath::{SmallAccess, SplitRing};
 use crate::inflight::InflightQueue;
 use crate::qos::{Admission, Direction, Gate, SharedThrottle};
@@ -59,12 +59,6 @@ struct Held {
     since: u64,
 }
 
-/// The clock of the I/O limits: CLOCK_MONOTONIC, shared by every IOThread
-/// (a throttle's buckets are) and by the IOThread's timerfd.
-pub(super) fn throttle_clock() -> u64 {
-    clock_ns(libc::CLOCK_MONOTONIC)
-}
-
 /// What a request costs under the I/O limits: its direction and bytes.
 /// Discard and write-zeroes are writes of their range, as QEMU's throttle
 /// node counts them; flush and GET_ID are not throttled (None).
@@ -90,7 +84,7 @@ fn must_wait(
     parsed: &Result<Request, Rejected>,
     waiting: usize,
 ) -> Option<(u64, u64)> {
-    let now = throttle_clock();
+    let now = monotonic_ns();
     let until = admission(gate, parsed, waiting, now)?;
     counters.throttled.add(1);
     Some((until, now))
@@ -146,7 +140,7 @@ pub(super) struct QueueSlot {
     /// Heads a dead daemon left in flight, executed before anything new.
     resubmit: VecDeque<u16>,
     /// When each head (by index) was popped, on the pass clock
-    /// ([`super::event_loop::pass_ns`]), for the latency histogram.
+    /// ([`crate::clock::monotonic_ns`]), for the latency histogram.
     popped_at: Box<[u64]>,
     /// The migration dirty log while it is on (vhost-user VHOST_F_LOG_ALL).
     log: Option<QueueLog>,
@@ -226,7 +220,7 @@ impl QueueSlot {
     pub fn submit_held(&mut self, id: SlotId, exec: &mut Executor) {
         if let Some(h) = self.held.take() {
             let mem = self.memory();
-            self.run_held(id, h, exec, &mem, throttle_clock());
+            self.run_held(id, h, exec, &mem, monotonic_ns());
         }
     }
 
@@ -493,7 +487,7 @@ impl QueueSlot {
         // of microseconds later for requests that waited milliseconds.
         let mut batch = false;
         if let Some(h) = self.held.take() {
-            let now = throttle_clock();
+            let now = monotonic_ns();
             // At its due time the driver has sent again what it got back:
             // what is outstanding now is its depth.
             self.depth = self.outstanding(self.behind(mem));

@@ -15,12 +15,12 @@ use virtio_queue::mock::MockSplitQueue;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic, GuestMemoryMmap};
 
-use super::event_loop::pass_ns;
 use super::executor::{Executor, SlotId};
 use super::queue::{Popped, QueueSlot};
 use super::queues::{Queues, CALL_EVERY, POP_BUDGET};
 use super::{BlockDevice, GuestMem, InflightTracking, QueueAttach, QueueKey, QueueLog};
 use crate::block::{Disk, FileEngine};
+use crate::clock::monotonic_ns;
 use crate::dirty_log::{DirtyLog, LOG_PAGE};
 use crate::qos::{SharedThrottle, ThrottleConfig, ThrottleLimits};
 use crate::seccomp::SeccompMode;
@@ -270,11 +270,11 @@ impl Rig {
     fn run(&mut self) -> Vec<(u32, u32)> {
         while self
             .queues
-            .process(self.id, &mut self.exec, true, pass_ns(Instant::now()))
+            .process(self.id, &mut self.exec, true, monotonic_ns())
             == Popped::More
         {}
         for _ in 0..5000 {
-            self.queues.deliver(&mut self.exec, pass_ns(Instant::now()));
+            self.queues.deliver(&mut self.exec, monotonic_ns());
             if self.queues.inflight() == 0 {
                 break;
             }
@@ -307,7 +307,7 @@ impl Rig {
     fn pop_without_reaping(&mut self) {
         let mem = self.queues.get(self.id).unwrap().memory();
         let q = self.queues.get_mut(self.id).unwrap();
-        let now = pass_ns(Instant::now());
+        let now = monotonic_ns();
         while q.process(self.id, &mut self.exec, true, now, &mem, POP_BUDGET) == Popped::HandBack {}
     }
 
@@ -480,8 +480,7 @@ fn get_id_is_answered_by_the_device_model() {
         r.fill(DATA, &[0xcc; 32]);
         let q = r.push(req_type::GET_ID, 0, &[(DATA, 32, true)]);
         // Answered without the backend.
-        r.queues
-            .process(r.id, &mut r.exec, true, pass_ns(Instant::now()));
+        r.queues.process(r.id, &mut r.exec, true, monotonic_ns());
         assert_eq!(r.exec.inflight(), 0);
         assert_eq!(r.run(), vec![(q.head as u32, 20 + 1)]);
         assert_eq!(r.used_idx(), 1);
@@ -956,8 +955,7 @@ fn a_pass_publishes_each_finished_request_before_the_next_pop() {
             r.push(req_type::IN, i * 8, &[(DATA + i * 0x1000, 4096, true)]);
         }
         assert_eq!(
-            r.queues
-                .process(r.id, &mut r.exec, true, pass_ns(Instant::now())),
+            r.queues.process(r.id, &mut r.exec, true, monotonic_ns()),
             Popped::Drained
         );
         assert_eq!(r.stats.popped.get(), 16, "{kind:?}");
@@ -1041,9 +1039,8 @@ fn null_latency_delays_completion() {
     );
     let q = r.push(req_type::IN, 0, &[(DATA, 512, true)]);
     let t = Instant::now();
-    r.queues
-        .process(r.id, &mut r.exec, true, pass_ns(Instant::now()));
-    r.queues.deliver(&mut r.exec, pass_ns(Instant::now()));
+    r.queues.process(r.id, &mut r.exec, true, monotonic_ns());
+    r.queues.deliver(&mut r.exec, monotonic_ns());
     if t.elapsed() < Duration::from_millis(15) {
         assert_eq!(r.used_idx(), 0);
         assert_eq!(r.exec.inflight(), 1);
@@ -1080,21 +1077,19 @@ fn polling_keeps_kicks_off_and_sleeping_turns_them_on() {
     let q = r.push(req_type::FLUSH, 0, &[]);
     assert!(r.queues.get(r.id).unwrap().has_avail(&r.mem));
     // Polling: popped with notifications left off.
-    r.queues
-        .process(r.id, &mut r.exec, false, pass_ns(Instant::now()));
+    r.queues.process(r.id, &mut r.exec, false, monotonic_ns());
     assert_eq!(
         flags(&r) & VRING_USED_F_NO_NOTIFY as u16,
         VRING_USED_F_NO_NOTIFY as u16
     );
     assert!(!r.queues.get(r.id).unwrap().has_avail(&r.mem));
-    r.queues.deliver(&mut r.exec, pass_ns(Instant::now()));
+    r.queues.deliver(&mut r.exec, monotonic_ns());
     assert_eq!(r.status(&q), status::OK);
     // About to sleep: re-armed, and nothing arrived meanwhile.
     assert!(!r.queues.get_mut(r.id).unwrap().arm_or_break());
     assert_eq!(flags(&r) & VRING_USED_F_NO_NOTIFY as u16, 0);
     // A request that arrives while kicks are off is found when re-arming.
-    r.queues
-        .process(r.id, &mut r.exec, false, pass_ns(Instant::now()));
+    r.queues.process(r.id, &mut r.exec, false, monotonic_ns());
     let q2 = r.push(req_type::FLUSH, 0, &[]);
     assert!(r.queues.get_mut(r.id).unwrap().arm_or_break());
     assert_eq!(r.run(), vec![(q.head as u32, 1), (q2.head as u32, 1)]);
@@ -1176,15 +1171,13 @@ fn a_full_ring_is_popped_a_budget_at_a_time() {
     let first = r.push(req_type::IN, 0, &[(DATA, 512, true)]);
     repeat_head(&mut r, first.head, n - 1);
     assert_eq!(
-        r.queues
-            .process(r.id, &mut r.exec, true, pass_ns(Instant::now())),
+        r.queues.process(r.id, &mut r.exec, true, monotonic_ns()),
         Popped::More
     );
     assert_eq!(r.stats.popped.get(), POP_BUDGET as u64, "one budget popped");
     assert_eq!(r.stats.budget_exhausted.get(), 1);
     assert_eq!(
-        r.queues
-            .process(r.id, &mut r.exec, true, pass_ns(Instant::now())),
+        r.queues.process(r.id, &mut r.exec, true, monotonic_ns()),
         Popped::Drained
     );
     assert_eq!(r.stats.popped.get(), n as u64);
@@ -1208,10 +1201,10 @@ fn a_flooding_queue_leaves_room_for_another_each_pass() {
         passes += 1;
         let f = flood
             .queues
-            .process(flood.id, &mut flood.exec, true, pass_ns(Instant::now()));
+            .process(flood.id, &mut flood.exec, true, monotonic_ns());
         quiet
             .queues
-            .process(quiet.id, &mut quiet.exec, true, pass_ns(Instant::now()));
+            .process(quiet.id, &mut quiet.exec, true, monotonic_ns());
         assert!(flood.stats.popped.get() <= (POP_BUDGET * passes) as u64);
         if quiet.stats.popped.get() == 1 {
             break;
@@ -1229,8 +1222,7 @@ fn an_avail_index_beyond_the_queue_size_breaks_the_ring_once() {
         let mut r = Rig::new(kind);
         set_avail_idx(&mut r, QUEUE_SIZE + 1);
         assert_eq!(
-            r.queues
-                .process(r.id, &mut r.exec, true, pass_ns(Instant::now())),
+            r.queues.process(r.id, &mut r.exec, true, monotonic_ns()),
             Popped::Drained
         );
         assert_eq!(r.stats.broken_rings.get(), 1, "{kind:?}");
@@ -1239,8 +1231,7 @@ fn an_avail_index_beyond_the_queue_size_breaks_the_ring_once() {
         // pass does not touch it (no busy loop, no second count).
         assert_eq!(r.queues.inflight(), 0);
         assert_eq!(
-            r.queues
-                .process(r.id, &mut r.exec, true, pass_ns(Instant::now())),
+            r.queues.process(r.id, &mut r.exec, true, monotonic_ns()),
             Popped::Drained
         );
         assert_eq!(r.stats.broken_rings.get(), 1);
@@ -1257,11 +1248,10 @@ fn a_head_beyond_the_queue_size_breaks_the_ring() {
     r.mem.write_obj(100u16, GuestAddress(slot)).unwrap();
     let next = r.avail_idx + 1;
     set_avail_idx(&mut r, next);
-    r.queues
-        .process(r.id, &mut r.exec, true, pass_ns(Instant::now()));
+    r.queues.process(r.id, &mut r.exec, true, monotonic_ns());
     assert_eq!(r.stats.broken_rings.get(), 1);
     // The request before it is still completed.
-    r.queues.deliver(&mut r.exec, pass_ns(Instant::now()));
+    r.queues.deliver(&mut r.exec, monotonic_ns());
     assert_eq!(r.used_idx(), 1);
     assert_eq!(r.status(&good), status::OK);
 }
@@ -1536,8 +1526,7 @@ fn inflight_record_follows_the_queue_and_survives_a_crash() {
         .map(|i| r.push(req_type::OUT, 8 * i, &[(DATA, 512, false)]))
         .collect();
     // Popped (not yet completed): marked, counters in pop order.
-    r.queues
-        .process(r.id, &mut r.exec, true, pass_ns(Instant::now()));
+    r.queues.process(r.id, &mut r.exec, true, monotonic_ns());
     assert_eq!(
         r.used_idx(),
         0,
@@ -1562,8 +1551,7 @@ fn inflight_record_follows_the_queue_and_survives_a_crash() {
 
     // One more request, popped and running when the process dies...
     let running = r.push(req_type::OUT, 64, &[(DATA, 512, false)]);
-    r.queues
-        .process(r.id, &mut r.exec, true, pass_ns(Instant::now()));
+    r.queues.process(r.id, &mut r.exec, true, monotonic_ns());
     assert_eq!(region_desc(&file, running.head), (1, 4));
     // ...and the crash window of the third completion: the used ring shows it
     // (idx 3), the region still has it in flight with used_idx 2 (its
@@ -1705,8 +1693,7 @@ fn a_request_in_flight_when_logging_starts_is_marked_at_completion() {
     );
     let q = r.push(req_type::IN, 0, &[(DATA, 4096, true)]);
     assert_eq!(
-        r.queues
-            .process(r.id, &mut r.exec, true, pass_ns(Instant::now())),
+        r.queues.process(r.id, &mut r.exec, true, monotonic_ns()),
         Popped::Drained
     );
     assert_eq!(r.queues.inflight(), 1);
@@ -1736,13 +1723,9 @@ fn requests_allocate_nothing_in_steady_state() {
                 r.push(rtype, 8 * i, &[(at, 4096, rtype == req_type::IN)]);
             }
             let ((), n) = allocations_in(|| {
-                while r
-                    .queues
-                    .process(r.id, &mut r.exec, true, pass_ns(Instant::now()))
-                    == Popped::More
-                {}
+                while r.queues.process(r.id, &mut r.exec, true, monotonic_ns()) == Popped::More {}
                 for _ in 0..5000 {
-                    r.queues.deliver(&mut r.exec, pass_ns(Instant::now()));
+                    r.queues.deliver(&mut r.exec, monotonic_ns());
                     if r.queues.inflight() == 0 {
                         break;
                     }
@@ -1793,11 +1776,9 @@ fn throttled(kind: Kind, limits: ThrottleLimits) -> Rig {
 /// One pass over the rig's queue as the event loop makes it, delivering
 /// what finished; what the pass returned.
 fn pass(r: &mut Rig) -> Popped {
-    let p = r
-        .queues
-        .process(r.id, &mut r.exec, true, pass_ns(Instant::now()));
+    let p = r.queues.process(r.id, &mut r.exec, true, monotonic_ns());
     for _ in 0..5000 {
-        r.queues.deliver(&mut r.exec, pass_ns(Instant::now()));
+        r.queues.deliver(&mut r.exec, monotonic_ns());
         let held = r.queues.get(r.id).unwrap().held_until().is_some();
         if r.queues.inflight() == usize::from(held) {
             break;

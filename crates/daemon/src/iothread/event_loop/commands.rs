@@ -130,7 +130,7 @@ impl IoThread {
         self.policy.set_num_sources(self.queues.len() + 1);
         // Requests may have been queued before the kick fd was handed over
         // (outside a pass: a clock of its own).
-        let now = self.clock_ns(Instant::now());
+        let now = monotonic_ns();
         self.process_queue(id, true, now);
         self.complete_all(now);
         self.finish_pass();

@@ -5,12 +5,12 @@
 use std::os::fd::AsFd;
 
 use super::*;
-use crate::clock::arm_timer_at;
+use crate::clock::{arm_timer_at, monotonic_ns};
 
 impl IoThread {
     /// Queues held back whose time has come go to `ready`.
     pub(super) fn collect_due(&mut self, ready: &mut Vec<SlotId>) {
-        let now = throttle_clock();
+        let now = monotonic_ns();
         for (slot, q) in self.queues.iter() {
             if q.held_until().is_some_and(|t| t <= now) {
                 ready.push(slot);
