@@ -226,15 +226,14 @@ impl IoThread {
             sources.extend(ready.iter().map(|s| s.0 + 1));
             self.policy
                 .update(t_end.saturating_sub(t0), &sources, polled_hit);
-            let now = t_end;
-            self.policy.observe_events_at(now, &sources);
+            self.policy.observe_events_at(t_end, &sources);
             // Keep kicks off while we expect to poll next time.
             let rearm = self.window() == 0;
             for slot in ready.drain(..) {
-                self.process_queue(slot, rearm, now);
+                self.process_queue(slot, rearm, t_end);
             }
             ready.append(&mut self.carried);
-            self.complete_all(now);
+            self.complete_all(t_end);
             self.finish_pass();
         }
         info!(
