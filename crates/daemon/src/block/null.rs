@@ -138,6 +138,18 @@ mod tests {
         }
     }
 
+    /// What one reap hands out.
+    fn reaped(e: &mut NullEngine) -> Vec<Completion> {
+        let mut out = Vec::new();
+        e.reap(&mut out);
+        out
+    }
+
+    /// A single completion of `token` with `result`.
+    fn one(token: u64, result: i32) -> Vec<Completion> {
+        vec![Completion { token, result }]
+    }
+
     #[test]
     fn immediate_without_latency() {
         let mut e = NullEngine::new(0).unwrap();
@@ -145,15 +157,7 @@ mod tests {
         // SAFETY: a discard has no buffers.
         unsafe { e.submit(&op(), 7, true).unwrap() };
         assert!(e.has_completions());
-        let mut out = Vec::new();
-        e.reap(&mut out);
-        assert_eq!(
-            out,
-            vec![Completion {
-                token: 7,
-                result: 0
-            }]
-        );
+        assert_eq!(reaped(&mut e), one(7, 0));
         assert!(!e.has_completions());
     }
 
@@ -205,15 +209,7 @@ mod tests {
         // SAFETY: a flush has no buffers.
         unsafe { e.submit(&flush, 3, true).unwrap() };
         assert!(e.has_completions());
-        let mut out = Vec::new();
-        e.reap(&mut out);
-        assert_eq!(
-            out,
-            vec![Completion {
-                token: 3,
-                result: 0
-            }]
-        );
+        assert_eq!(reaped(&mut e), one(3, 0));
     }
 
     /// A read fills its buffers with zeroes, or with `read_zeroes` off
@@ -243,15 +239,7 @@ mod tests {
             };
             // SAFETY: the iovecs describe `buf`, live until the reap below.
             unsafe { e.submit(&read, 9, zeroes).unwrap() };
-            let mut out = Vec::new();
-            e.reap(&mut out);
-            assert_eq!(
-                out,
-                vec![Completion {
-                    token: 9,
-                    result: 8192
-                }]
-            );
+            assert_eq!(reaped(&mut e), one(9, 8192));
             assert!(buf.iter().all(|&b| b == expect), "read_zeroes {zeroes}");
         }
     }
