@@ -649,8 +649,14 @@ impl QueueSlot {
                 (e.status(), 0)
             }
         };
-        if let Some(t) = self.popped_at.get(ticket.head as usize) {
-            c.latency.observe(now.saturating_sub(*t));
+        // Every pop stamps its head; 0 (never stamped) has no latency to
+        // tell rather than one measured from boot.
+        if let Some(&t) = self
+            .popped_at
+            .get(ticket.head as usize)
+            .filter(|&&t| t != 0)
+        {
+            c.latency.observe(now.saturating_sub(t));
         }
         let data_len = if kind.is_some_and(ReqKind::writes_guest) {
             bytes as u32
