@@ -182,7 +182,7 @@ impl QueueSlot {
             avail_seen,
             state: SlotState::Serving,
             kicks: Kicks::Armed,
-            popped_at: vec![0; size].into(),
+            popped_at: vec![monotonic_ns(); size].into(),
             record,
             resubmit: resubmit.into(),
             log: a.log,
@@ -649,14 +649,8 @@ impl QueueSlot {
                 (e.status(), 0)
             }
         };
-        // Every pop stamps its head; 0 (never stamped) has no latency to
-        // tell rather than one measured from boot.
-        if let Some(&t) = self
-            .popped_at
-            .get(ticket.head as usize)
-            .filter(|&&t| t != 0)
-        {
-            c.latency.observe(now.saturating_sub(t));
+        if let Some(t) = self.popped_at.get(ticket.head as usize) {
+            c.latency.observe(now.saturating_sub(*t));
         }
         let data_len = if kind.is_some_and(ReqKind::writes_guest) {
             bytes as u32
