@@ -73,21 +73,21 @@ fn throttled_as(op: &Operation) -> Option<(Direction, u64)> {
     }
 }
 
-/// Whether `gate` holds back a request just popped, the head of `waiting`
-/// requests: Some(until, now) if it must wait (counted), None if it may go
-/// (admitted and accounted, or not throttled). Off the unthrottled path,
-/// which only tests for a gate.
+/// Whether `gate` holds back a request popped at `now` (the pass's clock,
+/// which is the limits' clock), the head of `waiting` requests: Some(until)
+/// if it must wait (counted), None if it may go (admitted and accounted, or
+/// not throttled). Off the unthrottled path, which only tests for a gate.
 #[inline(never)]
 fn must_wait(
     gate: &Gate,
     counters: &QueueCounters,
     parsed: &Result<Request, Rejected>,
     waiting: usize,
-) -> Option<(u64, u64)> {
-    let now = monotonic_ns();
+    now: u64,
+) -> Option<u64> {
     let until = admission(gate, parsed, waiting, now)?;
     counters.throttled.add(1);
-    Some((until, now))
+    Some(until)
 }
 
 /// Asks `gate` for a parsed request at the head of `waiting` requests:
@@ -453,7 +453,8 @@ impl QueueSlot {
     /// are re-enabled afterwards (the thread will sleep; a request that raced
     /// with that is popped too); otherwise they stay off (the thread will
     /// poll, or come back for what the budget left).
-    /// `now` is the pass's clock (the pop time of what it pops), `mem` its
+    /// `now` is the pass's clock (the pop time of what it pops, and the
+    /// time the I/O limits admit it at: the same clock), `mem` its
     /// snapshot of the guest memory (taken once per pass, not per hand-back:
     /// the map only changes between passes).
     pub fn process(
@@ -487,7 +488,6 @@ impl QueueSlot {
         // of microseconds later for requests that waited milliseconds.
         let mut batch = false;
         if let Some(h) = self.held.take() {
-            let now = monotonic_ns();
             // At its due time the driver has sent again what it got back:
             // what is outstanding now is its depth.
             self.depth = self.outstanding(self.behind(mem));
@@ -592,12 +592,11 @@ impl QueueSlot {
                     let waiting = self
                         .outstanding(last.wrapping_sub(next) - 1)
                         .max(self.depth);
-                    if let Some((until, since)) = must_wait(gate, &self.counters, &parsed, waiting)
-                    {
+                    if let Some(until) = must_wait(gate, &self.counters, &parsed, waiting, now) {
                         self.held = Some(Held {
                             parsed,
                             until,
-                            since,
+                            since: now,
                         });
                         return Popped::Held(until);
                     }
