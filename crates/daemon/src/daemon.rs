@@ -433,7 +433,6 @@ fn open_rbd(c: &ExportConfig) -> Result<Disk, BlockError> {
     Ok(disk)
 }
 
-/// Opens the disk of a validated export (a null disk needs nothing opened).
 /// The CPU each IOThread is pinned to, given each thread's CPUs, if each
 /// is pinned to exactly one.
 fn one_cpu_each<'a>(threads: impl Iterator<Item = Option<&'a [usize]>>) -> Option<Vec<usize>> {
@@ -445,6 +444,7 @@ fn one_cpu_each<'a>(threads: impl Iterator<Item = Option<&'a [usize]>>) -> Optio
         .collect()
 }
 
+/// Opens the disk of a validated export (a null disk needs nothing opened).
 fn open_disk(p: &ExportPlan) -> Result<Disk, DaemonError> {
     let c = &p.config;
     Ok(match c.backend {
