@@ -268,7 +268,7 @@ fn run_case(e: &mut Engine, c: &QueueCase) -> Outcome {
     };
     let device = Arc::new(BlockDevice::new(
         "fuzz".into(),
-        Disk::null(1 << 20, c.read_only, 0),
+        Disk::null(1 << 20, c.read_only, 0, true),
         limits,
         "fuzz-serial",
     ));

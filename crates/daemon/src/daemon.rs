@@ -449,11 +449,13 @@ fn open_disk(p: &ExportPlan) -> Result<Disk, DaemonError> {
     let c = &p.config;
     Ok(match c.backend {
         BackendKind::Null => {
-            let mut disk = Disk::null(p.size.unwrap_or(0), c.read_only, c.latency_ns.unwrap_or(0));
-            if c.read_zeroes == Some(false) {
-                disk = disk.without_read_zeroes();
-            }
-            disk
+            let latency = c.latency_ns.unwrap_or(0);
+            Disk::null(
+                p.size.unwrap_or(0),
+                c.read_only,
+                latency,
+                c.read_zeroes.unwrap_or(true),
+            )
         }
         BackendKind::Rbd => open_rbd(c).map_err(|source| DaemonError::Block {
             export: p.name.clone(),

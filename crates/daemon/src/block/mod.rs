@@ -146,32 +146,15 @@ pub struct FileDisk {
 
 impl Disk {
     /// A null disk of `size` bytes whose requests complete `latency_ns` after
-    /// submission.
-    pub fn null(size: u64, read_only: bool, latency_ns: u64) -> Disk {
+    /// submission and whose reads write zeroes into their buffers if
+    /// `read_zeroes` (QEMU's null-co `read-zeroes`), else leave them as they
+    /// are (SPDK's null bdev).
+    pub fn null(size: u64, read_only: bool, latency_ns: u64, read_zeroes: bool) -> Disk {
         Disk::Null {
             size: size / 512 * 512,
             latency_ns,
-            read_zeroes: true,
+            read_zeroes,
             read_only,
-        }
-    }
-
-    /// This disk, if null, with reads that leave the guest's buffers as they
-    /// are (QEMU's null-co `read-zeroes=off`, SPDK's null bdev).
-    pub fn without_read_zeroes(self) -> Disk {
-        match self {
-            Disk::Null {
-                size,
-                latency_ns,
-                read_only,
-                ..
-            } => Disk::Null {
-                size,
-                latency_ns,
-                read_zeroes: false,
-                read_only,
-            },
-            other => other,
         }
     }
 

@@ -120,7 +120,11 @@ impl Rig {
         queue.set_used_ring_address(Some(used as u32), Some(0));
         queue.set_event_idx(o.event_idx);
         let (mut disk, dir, path) = match kind {
-            Kind::Null => (Disk::null(DISK, o.read_only, o.latency_ns), None, None),
+            Kind::Null => (
+                Disk::null(DISK, o.read_only, o.latency_ns, true),
+                None,
+                None,
+            ),
             Kind::Uring | Kind::Threads => {
                 let dir = tempfile::tempdir().unwrap();
                 let path = dir.path().join("disk.raw");
