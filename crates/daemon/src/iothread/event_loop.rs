@@ -324,9 +324,9 @@ impl IoThread {
             mems.push((slot, mem));
         }
         // A held-back queue that becomes due ends the slice too (busy
-        // polling may never sleep on the timer): the timer's time is on the
-        // same clock.
-        let due_at = (self.timer_at != 0).then_some(self.timer_at);
+        // polling may never sleep on the timer): the timer's time (0: not
+        // armed) is on the same clock.
+        let due_at = self.timer_at;
         let mut spins = 0u32;
         let found = loop {
             for (slot, mem) in &mems {
@@ -345,7 +345,7 @@ impl IoThread {
             // at it every few spins.
             if spins.is_multiple_of(8) {
                 let now = monotonic_ns();
-                if due_at.is_some_and(|t| now >= t) {
+                if due_at != 0 && now >= due_at {
                     self.collect_due(ready);
                     if !ready.is_empty() {
                         break true;
