@@ -161,15 +161,23 @@ pub fn bench(args: &[&str]) -> Run {
     bench_with_hook(args, &mut || Ok(()))
 }
 
-/// Overwrites `len` bytes at `offset` of `path` with a pattern unlike anything the
-/// verify pass writes.
+/// Inverts every bit of `len` bytes at `offset` of `path`, so each of them differs from
+/// what was there whatever the verify pass wrote. (Writing a fixed pattern instead
+/// left a one-byte corruption undetected whenever the payload byte already had that
+/// value: one run in 256.)
 pub fn corrupt(path: &Path, offset: u64, len: usize) {
     use std::os::unix::fs::FileExt;
     let f = std::fs::OpenOptions::new()
+        .read(true)
         .write(true)
         .open(path)
         .expect("open image");
-    f.write_all_at(&vec![0xa5; len], offset).expect("corrupt");
+    let mut bytes = vec![0u8; len];
+    f.read_exact_at(&mut bytes, offset).expect("read image");
+    for b in &mut bytes {
+        *b = !*b;
+    }
+    f.write_all_at(&bytes, offset).expect("corrupt");
     f.sync_all().expect("sync");
 }
 
