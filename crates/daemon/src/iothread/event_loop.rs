@@ -72,6 +72,8 @@ pub(super) struct IoThread {
     new_fds: Vec<RawFd>,
     /// Queues whose pop budget ran out this pass: processed first next pass.
     carried: Vec<SlotId>,
+    /// Scratch list of the queues a pass answered (notified).
+    answered: Vec<SlotId>,
     /// Source 0 is the backends' completions, source 1 + i is queue slot i.
     policy: PollPolicy,
     /// A control command was handled during this pass.
@@ -120,6 +122,7 @@ impl IoThread {
             poll_mems: Vec::new(),
             new_fds: Vec::new(),
             carried: Vec::new(),
+            answered: Vec::new(),
             policy: PollPolicy::new(setup.poll_mode, setup.poll_params, 1),
             commanded: false,
             finished_before: 0,
@@ -566,7 +569,14 @@ impl IoThread {
     /// End of a processing pass: one notification per queue that completed
     /// something, and detach replies for drained queues.
     fn finish_pass(&mut self) {
-        self.queues.notify();
+        self.answered.clear();
+        self.queues.notify(&mut self.answered);
+        // A guest just answered is the source to expect next (its next
+        // request follows the completions it was handed), however long it
+        // was quiet while the backend worked; and a wait for an answer is
+        // judged apart from a wait for the backend.
+        self.policy
+            .observe_answered(self.answered.iter().map(|s| s.0 + 1));
         if self.timer_dirty {
             self.rearm_timer();
         }

@@ -244,12 +244,16 @@ impl Queues {
     }
 
     /// One notification per queue that published something since the last
-    /// check; the end of a pass.
-    pub fn notify(&mut self) {
+    /// check; the end of a pass. The slots answered are added to `answered`.
+    pub fn notify(&mut self, answered: &mut Vec<SlotId>) {
         // A snapshot only for the queues that published something.
-        for q in self.slots.iter_mut().flatten().filter(|q| q.unnotified()) {
+        for (i, q) in self.slots.iter_mut().enumerate() {
+            let Some(q) = q.as_mut().filter(|q| q.unnotified()) else {
+                continue;
+            };
             let mem = q.memory();
             q.notify_guest(&mem, &self.stats);
+            answered.push(SlotId(i));
         }
     }
 }

@@ -34,9 +34,13 @@
 //!    decays with a half-life of about 177 samples, so it follows a high percentile
 //!    rather than the all-time maximum) for skewed tails. The target `T` is the
 //!    largest cover among the sources that had an event within the last
-//!    `poll-max-ns` of waiting: a queue that went quiet stops holding the window up,
-//!    as in the weighted ageing, but keeps its statistics for when it comes back. As
-//!    in QEMU, the maximum over sources.
+//!    `poll-max-ns` of waiting, or whose guest the last pass answered
+//!    ([`Adaptive::observe_answered`]): a queue that went quiet stops holding the
+//!    window up, as in the weighted ageing, but keeps its statistics for when it
+//!    comes back; and a queue handed completions is due to send its next
+//!    requests, however long it waited for the device (a virtual disk at
+//!    iodepth 16: ~175 us between batches, the driver's next requests a few
+//!    microseconds after each). As in QEMU, the maximum over sources.
 //! 3. **Poll only if it pays, in CPU or in IOPS.** The IOThread tracks its hit rate
 //!    `p` (EWMA, gain 1/8) of "the event came within `T`": measured when it polled
 //!    the full window, counterfactual (from the corrected sample) when it polled
@@ -72,6 +76,13 @@
 //!    common but do not pay (an RBD image at iodepth 16, `p` about 0.6) a pair
 //!    of them is no news, and re-arming on every pair kept the gate open a
 //!    third of the time.
+//!    Waits after a pass that answered a guest and the other waits (after a
+//!    submission to the backend) each have their own hit rate and runs: at
+//!    iodepth 16 on a virtual disk the first end with the driver's requests
+//!    within microseconds, the second with the device's next batch hundreds
+//!    of microseconds later. One hit rate for both hovered near 1/2 and
+//!    opened the gate before the device's batch as often as before the
+//!    driver's answer.
 //!    Rule (b) is what holds IOPS: when intervals straddle `poll-max-ns` it keeps
 //!    polling, and pays CPU for it, where both QEMU algorithms give up (the `mid`
 //!    trace of the simulation). `latency_budget_pct = 100` disables it and leaves a
@@ -161,13 +172,10 @@ impl AdaptiveSource {
     }
 }
 
-/// State of [`super::PollMode::Adaptive`].
-#[derive(Debug, Clone)]
-pub(super) struct Adaptive {
-    /// Per-source estimates.
-    sources: Vec<AdaptiveSource>,
-    /// The full target window (before gate and back-off).
-    target_ns: u64,
+/// The hit rate and the runs of hits and misses of one kind of wait (rules 3
+/// and 4).
+#[derive(Debug, Clone, Copy)]
+struct Gate {
     /// Hit-rate EWMA, `RATE_ONE` == 1.0.
     hit_rate: u32,
     /// Consecutive hits.
@@ -180,6 +188,71 @@ pub(super) struct Adaptive {
     run_odds: u64,
     /// Halvings of the window (misses since the run became surprising).
     backoff: u32,
+}
+
+impl Default for Gate {
+    /// No history: a hit rate of 1/2.
+    fn default() -> Self {
+        Gate {
+            hit_rate: RATE_ONE / 2,
+            hit_streak: 0,
+            streak_odds: ODDS_ONE,
+            miss_streak: 0,
+            run_odds: ODDS_ONE,
+            backoff: 0,
+        }
+    }
+}
+
+impl Gate {
+    /// Counts one wait: whether the full target window caught (or would have
+    /// caught) its event.
+    fn record(&mut self, hit: bool, miss_limit: u32) {
+        self.hit_rate = self.hit_rate - (self.hit_rate >> RATE_SHIFT)
+            + if hit { RATE_ONE >> RATE_SHIFT } else { 0 };
+        if hit {
+            self.hit_streak = self.hit_streak.saturating_add(1);
+            self.streak_odds = self.streak_odds * u64::from(self.hit_rate) / u64::from(RATE_ONE);
+            self.miss_streak = 0;
+            self.run_odds = ODDS_ONE;
+            self.backoff = 0;
+        } else {
+            self.miss_streak = self.miss_streak.saturating_add(1);
+            self.hit_streak = 0;
+            self.streak_odds = ODDS_ONE;
+            // Odds of this run of misses if the hit rate were right.
+            let miss_rate = u64::from(RATE_ONE - self.hit_rate);
+            self.run_odds = self.run_odds * miss_rate / u64::from(RATE_ONE);
+            if self.miss_streak >= miss_limit && self.run_odds < ODDS_SURPRISE {
+                self.backoff = self.backoff.saturating_add(1);
+            }
+        }
+    }
+}
+
+/// What the thread did just before a wait: the gates of the two kinds learn
+/// apart (rule 3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum After {
+    /// Anything but an answer: it submitted to the backend, or the wait
+    /// ended empty.
+    Other = 0,
+    /// It handed completions back to a guest: that guest's next requests are
+    /// due, a turnaround away.
+    Answer = 1,
+}
+
+/// State of [`super::PollMode::Adaptive`].
+#[derive(Debug, Clone)]
+pub(super) struct Adaptive {
+    /// Per-source estimates.
+    sources: Vec<AdaptiveSource>,
+    /// The full target window (before gate and back-off).
+    target_ns: u64,
+    /// The gate of waits after anything else, and after an answer.
+    gates: [Gate; 2],
+    /// What the coming wait follows.
+    after: After,
     /// EWMA of the interval between events of any source (capped samples).
     cycle_ns: u64,
     /// EWMA of the requests the backend held at the start of each wait, fixed
@@ -196,12 +269,8 @@ impl Adaptive {
         Adaptive {
             sources: vec![AdaptiveSource::default(); n],
             target_ns: 0,
-            hit_rate: RATE_ONE / 2,
-            hit_streak: 0,
-            streak_odds: ODDS_ONE,
-            miss_streak: 0,
-            run_odds: ODDS_ONE,
-            backoff: 0,
+            gates: [Gate::default(); 2],
+            after: After::Other,
             cycle_ns: 0,
             depth: 0,
             batch: 0,
@@ -238,6 +307,34 @@ impl Adaptive {
                 s.rhythm.observe(now_ns);
             }
         }
+    }
+
+    /// The pass before the coming wait handed completions to the guests
+    /// behind `sources` (none: it answered no one). Each counts as active
+    /// again (rule 2), and the wait is judged by the gate of its kind (rule
+    /// 3). Returns whether the window must be recomputed.
+    pub(super) fn observe_answered(
+        &mut self,
+        sources: impl IntoIterator<Item = usize>,
+        max: u64,
+    ) -> bool {
+        let mut changed = false;
+        let mut after = After::Other;
+        for i in sources {
+            after = After::Answer;
+            if let Some(s) = self.sources.get_mut(i) {
+                changed |= s.idle_ns >= max;
+                s.idle_ns = 0;
+            }
+        }
+        changed |= after != self.after;
+        self.after = after;
+        changed
+    }
+
+    /// The gate of the coming wait.
+    fn gate(&self) -> &Gate {
+        &self.gates[self.after as usize]
     }
 
     /// The backend holds `n` requests at the start of this wait: feeds the depth
@@ -321,25 +418,7 @@ impl Adaptive {
         } else {
             ewma(self.cycle_ns, capped, MEAN_SHIFT)
         };
-        self.hit_rate = self.hit_rate - (self.hit_rate >> RATE_SHIFT)
-            + if hit { RATE_ONE >> RATE_SHIFT } else { 0 };
-        if hit {
-            self.hit_streak = self.hit_streak.saturating_add(1);
-            self.streak_odds = self.streak_odds * u64::from(self.hit_rate) / u64::from(RATE_ONE);
-            self.miss_streak = 0;
-            self.run_odds = ODDS_ONE;
-            self.backoff = 0;
-        } else {
-            self.miss_streak = self.miss_streak.saturating_add(1);
-            self.hit_streak = 0;
-            self.streak_odds = ODDS_ONE;
-            // Odds of this run of misses if the hit rate were right.
-            let miss_rate = u64::from(RATE_ONE - self.hit_rate);
-            self.run_odds = self.run_odds * miss_rate / u64::from(RATE_ONE);
-            if self.miss_streak >= knobs.miss_limit && self.run_odds < ODDS_SURPRISE {
-                self.backoff = self.backoff.saturating_add(1);
-            }
-        }
+        self.gates[self.after as usize].record(hit, knobs.miss_limit);
     }
 
     /// Recomputes the target (the largest cover among the sources active within
@@ -360,8 +439,9 @@ impl Adaptive {
     /// Gate and back-off applied to the target.
     fn window(&self, knobs: &AdaptiveParams) -> u64 {
         let t = self.target_ns;
+        let gate = self.gate();
         let one = u128::from(RATE_ONE);
-        let p = u128::from(self.hit_rate);
+        let p = u128::from(gate.hit_rate);
         // Per iteration, scaled by RATE_ONE: wake-up latency that polling avoids,
         // CPU it burns on misses, and the latency the IOPS budget tolerates.
         // A request's round trip in cycles (Little's law), at least one.
@@ -373,12 +453,12 @@ impl Adaptive {
         let wasted = (one - p) * u128::from(t) * depth / u128::from(DEPTH_ONE);
         let budget = one * u128::from(self.cycle_ns) * depth * u128::from(knobs.latency_budget_pct)
             / (100 * u128::from(DEPTH_ONE));
-        let rearm = self.hit_streak >= REARM_HITS && self.streak_odds < ODDS_SURPRISE;
+        let rearm = gate.hit_streak >= REARM_HITS && gate.streak_odds < ODDS_SURPRISE;
         let open = saved >= wasted || saved > budget || rearm;
         if !open {
             return 0;
         }
-        let w = t.checked_shr(self.backoff).unwrap_or(0);
+        let w = t.checked_shr(gate.backoff).unwrap_or(0);
         if w < ADAPTIVE_MIN_POLL_NS {
             0
         } else {

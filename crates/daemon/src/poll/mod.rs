@@ -404,6 +404,20 @@ impl PollPolicy {
         }
     }
 
+    /// Called at the end of each pass with the sources (indexes) whose guests
+    /// it handed completions to, none if it answered no one. Adaptive: each
+    /// is expected to answer with its next requests, so it counts as active
+    /// however long it was quiet (rule 2), and a wait after an answer learns
+    /// its hit rate apart from other waits (rule 3; see `adaptive.rs`).
+    /// Unknown indexes are ignored; other modes ignore the call.
+    pub fn observe_answered(&mut self, sources: impl IntoIterator<Item = usize>) {
+        if let Algorithm::Adaptive(a) = &mut self.algo {
+            if a.observe_answered(sources, self.params.poll_max_ns) {
+                self.refresh_window();
+            }
+        }
+    }
+
     /// How late a timed nap may end, in ns: the measured mean + 2 deviations of
     /// [`Self::observe_nap`] samples, or `wakeup_ns` until one was measured.
     pub fn nap_late_ns(&self) -> u64 {

@@ -58,6 +58,9 @@ pub struct SimEvent {
     /// Requests the pass handling the event finishes
     /// ([`PollPolicy::observe_finished`]).
     pub finished: usize,
+    /// The source whose guest that pass hands completions to
+    /// ([`PollPolicy::observe_answered`]), if any.
+    pub answered: Option<usize>,
 }
 
 /// Replays a trace through `policy`: each entry is the time from the start of a wait
@@ -76,6 +79,7 @@ pub fn simulate(policy: &mut PollPolicy, intervals_ns: &[u64]) -> SimResult {
             source: 0,
             in_flight: 0,
             finished: 0,
+            answered: None,
         }),
     )
 }
@@ -101,6 +105,7 @@ pub fn simulate_events(
             r.added_latency_ns = r.added_latency_ns.saturating_add(WAKEUP_LATENCY_NS);
             policy.update(t.saturating_add(WAKEUP_LATENCY_NS), &[e.source], false);
         }
+        policy.observe_answered(e.answered);
         policy.observe_finished(e.finished);
     }
     r

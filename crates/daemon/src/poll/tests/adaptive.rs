@@ -285,6 +285,7 @@ fn simulate_batched(p: &mut PollPolicy, trace: &[u64], depth: usize, batch: usiz
             source: 0,
             in_flight: depth,
             finished: batch,
+            answered: None,
         }),
     )
 }
@@ -389,6 +390,7 @@ fn adaptive_forgets_a_source_whose_events_all_come_late_now() {
             source: usize::from(!completion),
             in_flight: usize::from(completion),
             finished: usize::from(completion),
+            answered: completion.then_some(1),
         }
     });
     let wasted = simulate_events(&mut p, alternating).wasted_cpu_ns;
@@ -400,6 +402,37 @@ fn adaptive_forgets_a_source_whose_events_all_come_late_now() {
     // It polls in vain before the first 32 completions only (~1 ms); without
     // forgetting it did before each of the 200 (~6.4 ms).
     assert!(wasted < 1_500_000, "wasted {wasted} ns polling");
+}
+
+#[test]
+fn adaptive_expects_the_guest_it_just_answered() {
+    // A virtual disk at iodepth 16 with a polling driver: a batch of 7
+    // completions (source 0) every ~175 us, each answered at once by the
+    // driver's kick (source 1) 3 us after the thread handed them back. The
+    // kick's queue was quiet for the whole device wait, so by its own events
+    // it looks idle exactly when its next request is due; the thread slept
+    // before every kick and paid a wake-up on top of each batch.
+    let batches = |answered: bool| {
+        (0..400).map(move |i| {
+            let completion = i % 2 == 0;
+            SimEvent {
+                interval_ns: if completion { 175_000 } else { 3_000 },
+                source: usize::from(!completion),
+                in_flight: if completion { 16 } else { 9 },
+                finished: if completion { 7 } else { 0 },
+                answered: (completion && answered).then_some(1),
+            }
+        })
+    };
+    let mut p = PollPolicy::new(PollMode::Adaptive, PollParams::default(), 2);
+    let r = simulate_events(&mut p, batches(true));
+    // The 200 completions are slept on; nearly all 200 kicks are caught.
+    assert!(r.hits >= 190, "{r:?}");
+    // Polled in vain only for a kick's cover before each completion.
+    assert!(r.wasted_cpu_ns <= 200 * 10_000, "{r:?}");
+    let mut p = PollPolicy::new(PollMode::Adaptive, PollParams::default(), 2);
+    let unanswered = simulate_events(&mut p, batches(false));
+    assert!(unanswered.hits <= 10, "{unanswered:?}");
 }
 
 /// Replays `trace` (source 0, nothing in flight) on a host where coming out of a
