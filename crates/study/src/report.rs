@@ -350,6 +350,8 @@ mod tests {
                     server_cpu_pct: None,
                     elapsed_s: 1.0,
                     time: String::new(),
+                    server_threads: Default::default(),
+                    tune: None,
                     argv: vec![],
                 })));
             }
@@ -433,6 +435,26 @@ mod tests {
         assert_eq!(auto.title, "auto against the best fixed IOThread count");
         assert_eq!(auto.rows.len(), 1, "only the cell auto was measured in");
         assert_eq!(auto.rows[0].0[4..8], ["190", "2", "200", "0.95"]);
+        // Runs recorded without the controller's figures.
+        assert_eq!(auto.rows[0].0[11..], ["n/a", "n/a"]);
+        // With them: the IOThreads active at the end of the runs, and the
+        // moves made during them.
+        let mut s = s;
+        let tunes = [(1, 2), (2, 1)];
+        let runs = s
+            .results
+            .runs
+            .iter_mut()
+            .filter(|r| r.setup() == Setup::Auto);
+        for (r, (active, moves)) in runs.zip(tunes) {
+            r.tune = Some(crate::results::TuneDuring {
+                moves: [("balance".to_string(), moves)].into(),
+                failed_moves: 0,
+                active_iothreads: active,
+            });
+        }
+        let all = tables(&s);
+        assert_eq!(all.last().unwrap().rows[0].0[11..], ["1-2", "3"]);
         let md = markdown(&s);
         assert!(
             md.contains("| 2k | randread | 1 | 1 | 100 | 200 | 190 | 200 |"),

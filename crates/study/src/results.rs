@@ -146,6 +146,26 @@ pub struct Run {
     pub time: String,
     /// Exact `vqblk bench` command line.
     pub argv: Vec<String>,
+    /// CPU seconds of each server thread over the run, by thread name (threads
+    /// of one name summed; those that used no CPU left out): which of vqblk's
+    /// IOThreads (`vqblk-iotN`) served it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub server_threads: BTreeMap<String, f64>,
+    /// The `auto` column: what its controller did during the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tune: Option<TuneDuring>,
+}
+
+/// What `--iothreads auto`'s controller did during one run, from the
+/// daemon's `query-tune` and `query-iothreads` before and after it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TuneDuring {
+    /// Queue moves made during the run, by reason.
+    pub moves: BTreeMap<String, u64>,
+    /// Moves that failed during the run.
+    pub failed_moves: u64,
+    /// IOThreads active at the end of the run.
+    pub active_iothreads: u32,
 }
 
 impl Run {
@@ -378,6 +398,8 @@ mod tests {
             server_cpu_pct: None,
             elapsed_s: 1.0,
             time: "2026-01-01T00:00:00Z".into(),
+            server_threads: Default::default(),
+            tune: None,
             argv: vec![],
         }))
     }

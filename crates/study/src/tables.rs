@@ -200,12 +200,14 @@ pub fn auto_table(study: &Study) -> Table {
         "CPU/request auto (us)",
         "CPU/request best (us)",
         "CPU ratio",
+        "IOThreads active (auto)",
+        "moves (auto)",
     ]
     .iter()
     .map(|s| s.to_string())
     .collect();
     let mut numeric = vec![false, false];
-    numeric.extend([true; 9]);
+    numeric.extend([true; 11]);
     let mut rows = Vec::new();
     for (cell, m) in &study.merits {
         let Some(auto) = &m.auto else { continue };
@@ -238,16 +240,48 @@ pub fn auto_table(study: &Study) -> Table {
             ],
             false,
         ));
+        let (active, moves) = tune_summary(study, cell);
+        rows.last_mut()
+            .expect("just pushed")
+            .0
+            .extend([active, moves]);
     }
     Table {
         title: "auto against the best fixed IOThread count".into(),
         note: "Throughput (MB/s) of `--iothreads auto` and of the cell's best fixed count \
-               (0 = baseline), their ratio, and the server's CPU time per request of each."
+               (0 = baseline), their ratio, and the server's CPU time per request of each; \
+               the IOThreads `auto` had active at the end of its runs (lowest-highest) and \
+               the queue moves it made during them."
             .into(),
         header,
         numeric,
         rows,
     }
+}
+
+/// The `auto` runs of `cell`: the IOThreads active at their ends ("1", or
+/// "1-2" when the runs differ) and the moves made during them, n/a for runs
+/// recorded without them.
+fn tune_summary(study: &Study, cell: &Cell) -> (String, String) {
+    let tunes: Vec<_> = study
+        .results
+        .runs_of(cell, Setup::Auto)
+        .into_iter()
+        .filter_map(|r| r.tune.as_ref())
+        .collect();
+    let (Some(lo), Some(hi)) = (
+        tunes.iter().map(|t| t.active_iothreads).min(),
+        tunes.iter().map(|t| t.active_iothreads).max(),
+    ) else {
+        return (NA.into(), NA.into());
+    };
+    let active = if lo == hi {
+        lo.to_string()
+    } else {
+        format!("{lo}-{hi}")
+    };
+    let moves: u64 = tunes.iter().flat_map(|t| t.moves.values()).sum();
+    (active, moves.to_string())
 }
 
 /// Every table of the report, in order.

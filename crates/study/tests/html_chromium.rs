@@ -66,6 +66,8 @@ fn study() -> Study {
                     server_cpu_pct: k.map(|_| 50.0),
                     elapsed_s: 1.0,
                     time: "2026-01-01T00:00:00Z".into(),
+                    server_threads: Default::default(),
+                    tune: None,
                     argv: vec!["vqblk".into(), "bench".into()],
                 })));
             }

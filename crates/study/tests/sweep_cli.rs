@@ -374,6 +374,23 @@ fn auto_column_is_swept_reported_and_compared() {
         "{:?}",
         run.argv
     );
+    // What the controller did during the run, asked through its control
+    // socket, and which server threads worked.
+    let tune = run
+        .tune
+        .as_ref()
+        .expect("the auto run's controller figures");
+    assert!((1..=2).contains(&tune.active_iothreads), "{tune:?}");
+    assert!(
+        run.server_threads
+            .keys()
+            .any(|t| t.starts_with("vqblk-iot")),
+        "{:?}",
+        run.server_threads
+    );
+    let fixed = r.runs.iter().find(|x| x.setup == "iothreads=1").unwrap();
+    assert!(fixed.tune.is_none());
+    assert!(fixed.server_threads.contains_key("vqblk-iot0"), "{fixed:?}");
     let md = vqblk_ok(d, &["report", res_s]);
     assert!(
         md.contains("auto against the best fixed IOThread count"),

@@ -1,8 +1,11 @@
 //! What one `vqblk bench` run measured, read from its fio-compatible JSON.
 
+use std::collections::BTreeMap;
+
 use anyhow::{bail, Context};
 
 use crate::matrix::Op;
+use crate::results::TuneDuring;
 
 /// What one `vqblk bench` run measured.
 #[derive(Debug, Clone, PartialEq)]
@@ -19,6 +22,10 @@ pub struct Measured {
     pub server_cpu_s: Option<f64>,
     /// Measured seconds.
     pub elapsed_s: f64,
+    /// Server CPU seconds by thread name (summed over threads of one name).
+    pub server_threads: BTreeMap<String, f64>,
+    /// The `auto` column: what its controller did during the run.
+    pub tune: Option<TuneDuring>,
 }
 
 impl Measured {
@@ -49,6 +56,16 @@ pub fn parse_bench_json(text: &str, op: Op) -> anyhow::Result<Measured> {
         .as_f64()
         .or_else(|| d["runtime"].as_f64().map(|ms| ms / 1000.0))
         .unwrap_or(0.0);
+    let mut server_threads = BTreeMap::new();
+    for t in v["vqblk"]["server_threads"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        if let (Some(name), Some(cpu)) = (t["name"].as_str(), t["cpu_s"].as_f64()) {
+            *server_threads.entry(name.to_string()).or_insert(0.0) += cpu;
+        }
+    }
     Ok(Measured {
         iops: d["iops"].as_f64().context("bench output: no iops")?,
         bw_bytes: d["bw_bytes"]
@@ -58,5 +75,66 @@ pub fn parse_bench_json(text: &str, op: Op) -> anyhow::Result<Measured> {
         p99_us: pct("99.000000"),
         server_cpu_s: v["vqblk"]["server_cpu_s"].as_f64(),
         elapsed_s,
+        server_threads,
+        tune: None,
     })
+}
+
+/// The `auto` column's controller at one moment: what `query-tune` and
+/// `query-iothreads` answered.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TuneState {
+    /// Moves so far, by reason.
+    pub moves: BTreeMap<String, u64>,
+    /// Failed moves so far.
+    pub failed_moves: u64,
+    /// IOThreads active now.
+    pub active_iothreads: u32,
+}
+
+impl TuneState {
+    /// Reads the two answers; None if `tune` says the daemon does not tune.
+    pub fn parse(tune: &serde_json::Value, iothreads: &serde_json::Value) -> Option<TuneState> {
+        if tune["auto"] != serde_json::Value::Bool(true) {
+            return None;
+        }
+        let moves = tune["moves"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter_map(|(reason, n)| Some((reason.clone(), n.as_u64()?)))
+            .collect();
+        let active = iothreads
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|t| t["active"] == serde_json::Value::Bool(true))
+            .count();
+        Some(TuneState {
+            moves,
+            failed_moves: tune["failed-moves"].as_u64().unwrap_or(0),
+            active_iothreads: u32::try_from(active).unwrap_or(u32::MAX),
+        })
+    }
+
+    /// What happened between `self` and `after`: the moves made in between
+    /// (reasons with none left out) and the IOThreads active at the end.
+    pub fn until(&self, after: &TuneState) -> TuneDuring {
+        let moves = after
+            .moves
+            .iter()
+            .map(|(r, &n)| {
+                (
+                    r.clone(),
+                    n.saturating_sub(self.moves.get(r).copied().unwrap_or(0)),
+                )
+            })
+            .filter(|&(_, n)| n > 0)
+            .collect();
+        TuneDuring {
+            moves,
+            failed_moves: after.failed_moves.saturating_sub(self.failed_moves),
+            active_iothreads: after.active_iothreads,
+        }
+    }
 }

@@ -352,6 +352,13 @@ impl Plan {
             .join(format!("{}.sock", Self::file_stem(setup)))
     }
 
+    /// The control socket of the `auto` column's server, through which the sweep
+    /// records what its controller did in each run.
+    pub fn control_socket(&self) -> PathBuf {
+        self.work_dir
+            .join(format!("{}.ctl", Self::file_stem(Setup::Auto)))
+    }
+
     /// The `vqblk serve` of a column (None for native and a qemu-storage-daemon
     /// baseline).
     pub fn serve_command(&self, setup: Setup) -> Option<ServeCommand> {
@@ -367,6 +374,7 @@ impl Plan {
             queues: Some(self.matrix.queues() as u16),
             iothreads: threads,
             iothreads_auto: setup == Setup::Auto,
+            control: (setup == Setup::Auto).then(|| self.control_socket()),
             poll,
             log_level: Some(log::LevelFilter::Warn),
             ..Default::default()

@@ -10,9 +10,11 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
+use serde_json::Value;
+use vqblk_daemon::control::client::ControlClient;
 
 use super::host::{hms, host_info, utc_now};
-use super::measure::{parse_bench_json, Measured};
+use super::measure::{parse_bench_json, Measured, TuneState};
 use super::plan::Plan;
 use super::process::{run_with_timeout, ServerProc};
 use super::progress::Progress;
@@ -344,10 +346,16 @@ impl<'a> Sweep<'a> {
             self.restart_if_dead(setup)?;
             let pid = self.server(setup).map(ServerProc::pid);
             let argv = self.plan.bench_argv(cell, setup, pid);
+            let before = self.tune_state(setup);
             let result =
                 run_with_timeout(&argv, self.limit).and_then(|out| parse_bench_json(&out, cell.op));
             match result {
-                Ok(m) => return Ok(Some((m, argv))),
+                Ok(mut m) => {
+                    if let (Some(b), Some(a)) = (before, self.tune_state(setup)) {
+                        m.tune = Some(b.until(&a));
+                    }
+                    return Ok(Some((m, argv)));
+                }
                 Err(e) => {
                     let msg = with_server_log(format!("{e:#}"), self.server(setup));
                     self.record_failure(setup, cell, attempt, &msg)?;
@@ -355,6 +363,18 @@ impl<'a> Sweep<'a> {
             }
         }
         Ok(None)
+    }
+
+    /// The `auto` column's controller now (None for other columns, or if its
+    /// control socket does not answer: the run is recorded without it).
+    fn tune_state(&self, setup: Setup) -> Option<TuneState> {
+        if setup != Setup::Auto {
+            return None;
+        }
+        let mut c = ControlClient::connect(&self.plan.control_socket()).ok()?;
+        let tune = c.call("query-tune", Value::Null).ok()?;
+        let threads = c.call("query-iothreads", Value::Null).ok()?;
+        TuneState::parse(&tune, &threads)
     }
 
     /// A server that died is restarted.
@@ -435,6 +455,8 @@ impl<'a> Sweep<'a> {
             elapsed_s: m.elapsed_s,
             time: utc_now(),
             argv,
+            server_threads: m.server_threads.clone(),
+            tune: m.tune.clone(),
         })))
     }
 

@@ -65,6 +65,14 @@ fn null_plan_has_no_native_and_the_baseline_is_poll_off() {
         a.contains("--iothreads auto") && !a.contains("--poll"),
         "{a}"
     );
+    // Only the auto column has a control socket: the sweep asks it what its
+    // controller did in each run.
+    let ctl = p.control_socket().display().to_string();
+    assert!(a.contains(&format!("--control {ctl}")), "{a}");
+    assert!(
+        !s.contains("--control") && !b.contains("--control"),
+        "{s} {b}"
+    );
     let cell = Cell {
         bs: 4096,
         op: Op::Randread,
@@ -261,6 +269,22 @@ fn bench_json_is_read() {
         (1000.0, 4096000.0, Some(12.0), Some(50.0), Some(0.5))
     );
     assert_eq!(parse_bench_json(text, Op::Write).unwrap().bw_bytes, 0.0);
+    assert!(m.server_threads.is_empty());
+    // Per-thread CPU, threads of one name summed.
+    let text = text.replace(
+        r#""server_cpu_s":0.5"#,
+        r#""server_cpu_s":0.5,"server_threads":[{"tid":7,"name":"vqblk-iot0","cpu_s":0.25},
+            {"tid":8,"name":"vqblk-iot1","cpu_s":0.125},{"tid":9,"name":"vqblk-iot0","cpu_s":0.0625}]"#,
+    );
+    let m = parse_bench_json(&text, Op::Randread).unwrap();
+    let threads: Vec<_> = m.server_threads.into_iter().collect();
+    assert_eq!(
+        threads,
+        [
+            ("vqblk-iot0".to_string(), 0.3125),
+            ("vqblk-iot1".to_string(), 0.125)
+        ]
+    );
     assert!(parse_bench_json("{\"jobs\":[]}", Op::Read).is_err());
     assert!(
         parse_bench_json(r#"{"jobs":[{"error":1,"error_text":"EIO"}]}"#, Op::Read)
@@ -375,5 +399,35 @@ fn columns_interleave_within_each_cell() {
     assert!(
         order(&cells, &setups, &all, 2, 1).is_empty(),
         "nothing left to do"
+    );
+}
+
+#[test]
+fn a_run_records_what_the_controller_did_during_it() {
+    use serde_json::json;
+    let threads = |active: &[bool]| {
+        json!(active
+            .iter()
+            .map(|a| json!({ "id": 0, "active": a }))
+            .collect::<Vec<_>>())
+    };
+    let before = measure::TuneState::parse(
+        &json!({ "auto": true, "moves": { "balance": 2, "park": 1 }, "failed-moves": 0 }),
+        &threads(&[true, false]),
+    )
+    .unwrap();
+    let after = measure::TuneState::parse(
+        &json!({ "auto": true, "moves": { "balance": 5, "park": 1, "wake": 1 }, "failed-moves": 1 }),
+        &threads(&[true, true]),
+    )
+    .unwrap();
+    let d = before.until(&after);
+    let moves: Vec<_> = d.moves.iter().map(|(r, n)| (r.as_str(), *n)).collect();
+    assert_eq!(moves, [("balance", 3), ("wake", 1)]);
+    assert_eq!((d.failed_moves, d.active_iothreads), (1, 2));
+    // A daemon that does not tune has nothing to record.
+    assert_eq!(
+        measure::TuneState::parse(&json!({ "auto": false }), &threads(&[true])),
+        None
     );
 }
