@@ -154,6 +154,29 @@ pub struct Run {
     /// The `auto` column: what its controller did during the run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tune: Option<TuneDuring>,
+    /// vqblk's columns: what its IOThreads counted during the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iothread_counters: Option<IoThreadCounters>,
+}
+
+/// The counters of a vqblk server's IOThreads over one run, summed over its
+/// IOThreads (`query-iothreads` before and after it): how its threads
+/// waited for work.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct IoThreadCounters {
+    /// Event-loop passes.
+    pub passes: u64,
+    /// Sleeps ended by a backend's completion.
+    pub completion_wakeups: u64,
+    /// Sleeps ended by a guest's kick.
+    pub kick_wakeups: u64,
+    /// Adaptive polling's timed naps.
+    pub naps: u64,
+    /// Polling windows that caught their event.
+    pub poll_hits: u64,
+    /// The largest nap lateness an active IOThread measured (the price of a
+    /// sleep its policy weighs), at the end of the run.
+    pub nap_late_ns: u64,
 }
 
 /// What `--iothreads auto`'s controller did during one run, from the
@@ -400,6 +423,7 @@ mod tests {
             time: "2026-01-01T00:00:00Z".into(),
             server_threads: Default::default(),
             tune: None,
+            iothread_counters: None,
             argv: vec![],
         }))
     }

@@ -391,6 +391,11 @@ fn auto_column_is_swept_reported_and_compared() {
     let fixed = r.runs.iter().find(|x| x.setup == "iothreads=1").unwrap();
     assert!(fixed.tune.is_none());
     assert!(fixed.server_threads.contains_key("vqblk-iot0"), "{fixed:?}");
+    // Every vqblk column's IOThreads counted their passes during the run.
+    for run in [run, fixed] {
+        let c = run.iothread_counters.as_ref().expect("IOThread counters");
+        assert!(c.passes > 0, "{run:?}");
+    }
     let md = vqblk_ok(d, &["report", res_s]);
     assert!(
         md.contains("auto against the best fixed IOThread count"),

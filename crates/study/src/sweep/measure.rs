@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use anyhow::{bail, Context};
 
 use crate::matrix::Op;
-use crate::results::TuneDuring;
+use crate::results::{IoThreadCounters, TuneDuring};
 
 /// What one `vqblk bench` run measured.
 #[derive(Debug, Clone, PartialEq)]
@@ -26,6 +26,8 @@ pub struct Measured {
     pub server_threads: BTreeMap<String, f64>,
     /// The `auto` column: what its controller did during the run.
     pub tune: Option<TuneDuring>,
+    /// vqblk's columns: what its IOThreads counted during the run.
+    pub iothread_counters: Option<IoThreadCounters>,
 }
 
 impl Measured {
@@ -77,49 +79,77 @@ pub fn parse_bench_json(text: &str, op: Op) -> anyhow::Result<Measured> {
         elapsed_s,
         server_threads,
         tune: None,
+        iothread_counters: None,
     })
 }
 
-/// The `auto` column's controller at one moment: what `query-tune` and
-/// `query-iothreads` answered.
+/// A vqblk server at one moment: what `query-iothreads` (and, for the `auto`
+/// column, `query-tune`) answered.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct TuneState {
-    /// Moves so far, by reason.
-    pub moves: BTreeMap<String, u64>,
-    /// Failed moves so far.
-    pub failed_moves: u64,
+pub struct ServerState {
+    /// Counters summed over the IOThreads (`nap_late_ns`: the largest of an
+    /// active one).
+    pub counters: IoThreadCounters,
     /// IOThreads active now.
     pub active_iothreads: u32,
+    /// Moves so far, by reason (`auto` only).
+    pub moves: BTreeMap<String, u64>,
+    /// Failed moves so far (`auto` only).
+    pub failed_moves: u64,
+    /// Whether the daemon tunes its pool (`query-tune`'s `auto`).
+    pub tuned: bool,
 }
 
-impl TuneState {
-    /// Reads the two answers; None if `tune` says the daemon does not tune.
-    pub fn parse(tune: &serde_json::Value, iothreads: &serde_json::Value) -> Option<TuneState> {
-        if tune["auto"] != serde_json::Value::Bool(true) {
-            return None;
+impl ServerState {
+    /// Reads the answers to `query-iothreads` and, if asked, `query-tune`.
+    pub fn parse(iothreads: &serde_json::Value, tune: Option<&serde_json::Value>) -> ServerState {
+        let mut st = ServerState::default();
+        for t in iothreads.as_array().into_iter().flatten() {
+            let n = |k: &str| t[k].as_u64().unwrap_or(0);
+            let c = &mut st.counters;
+            c.passes += n("passes");
+            c.completion_wakeups += n("completion-wakeups");
+            c.kick_wakeups += n("kick-wakeups");
+            c.naps += n("naps");
+            c.poll_hits += n("poll-hits");
+            if t["active"] == serde_json::Value::Bool(true) {
+                st.active_iothreads += 1;
+                c.nap_late_ns = c.nap_late_ns.max(n("nap-late-ns"));
+            }
         }
-        let moves = tune["moves"]
-            .as_object()
-            .into_iter()
-            .flatten()
-            .filter_map(|(reason, n)| Some((reason.clone(), n.as_u64()?)))
-            .collect();
-        let active = iothreads
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|t| t["active"] == serde_json::Value::Bool(true))
-            .count();
-        Some(TuneState {
-            moves,
-            failed_moves: tune["failed-moves"].as_u64().unwrap_or(0),
-            active_iothreads: u32::try_from(active).unwrap_or(u32::MAX),
-        })
+        if let Some(tune) = tune.filter(|t| t["auto"] == serde_json::Value::Bool(true)) {
+            st.tuned = true;
+            st.moves = tune["moves"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .filter_map(|(reason, n)| Some((reason.clone(), n.as_u64()?)))
+                .collect();
+            st.failed_moves = tune["failed-moves"].as_u64().unwrap_or(0);
+        }
+        st
     }
 
-    /// What happened between `self` and `after`: the moves made in between
-    /// (reasons with none left out) and the IOThreads active at the end.
-    pub fn until(&self, after: &TuneState) -> TuneDuring {
+    /// The counters between `self` and `after` (the nap lateness: `after`'s).
+    pub fn counters_until(&self, after: &ServerState) -> IoThreadCounters {
+        let (a, b) = (&self.counters, &after.counters);
+        IoThreadCounters {
+            passes: b.passes.saturating_sub(a.passes),
+            completion_wakeups: b.completion_wakeups.saturating_sub(a.completion_wakeups),
+            kick_wakeups: b.kick_wakeups.saturating_sub(a.kick_wakeups),
+            naps: b.naps.saturating_sub(a.naps),
+            poll_hits: b.poll_hits.saturating_sub(a.poll_hits),
+            nap_late_ns: b.nap_late_ns,
+        }
+    }
+
+    /// What the controller did between `self` and `after`: the moves made in
+    /// between (reasons with none left out) and the IOThreads active at the
+    /// end; None if the daemon does not tune.
+    pub fn tune_until(&self, after: &ServerState) -> Option<TuneDuring> {
+        if !after.tuned {
+            return None;
+        }
         let moves = after
             .moves
             .iter()
@@ -131,10 +161,10 @@ impl TuneState {
             })
             .filter(|&(_, n)| n > 0)
             .collect();
-        TuneDuring {
+        Some(TuneDuring {
             moves,
             failed_moves: after.failed_moves.saturating_sub(self.failed_moves),
             active_iothreads: after.active_iothreads,
-        }
+        })
     }
 }

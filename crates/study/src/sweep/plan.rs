@@ -352,11 +352,11 @@ impl Plan {
             .join(format!("{}.sock", Self::file_stem(setup)))
     }
 
-    /// The control socket of the `auto` column's server, through which the sweep
-    /// records what its controller did in each run.
-    pub fn control_socket(&self) -> PathBuf {
+    /// The control socket of a column's vqblk server, through which the sweep
+    /// records what its IOThreads (and `auto`'s controller) did in each run.
+    pub fn control_socket(&self, setup: Setup) -> PathBuf {
         self.work_dir
-            .join(format!("{}.ctl", Self::file_stem(Setup::Auto)))
+            .join(format!("{}.ctl", Self::file_stem(setup)))
     }
 
     /// The `vqblk serve` of a column (None for native and a qemu-storage-daemon
@@ -374,7 +374,7 @@ impl Plan {
             queues: Some(self.matrix.queues() as u16),
             iothreads: threads,
             iothreads_auto: setup == Setup::Auto,
-            control: (setup == Setup::Auto).then(|| self.control_socket()),
+            control: Some(self.control_socket(setup)),
             poll,
             log_level: Some(log::LevelFilter::Warn),
             ..Default::default()

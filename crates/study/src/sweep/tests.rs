@@ -65,13 +65,19 @@ fn null_plan_has_no_native_and_the_baseline_is_poll_off() {
         a.contains("--iothreads auto") && !a.contains("--poll"),
         "{a}"
     );
-    // Only the auto column has a control socket: the sweep asks it what its
-    // controller did in each run.
-    let ctl = p.control_socket().display().to_string();
-    assert!(a.contains(&format!("--control {ctl}")), "{a}");
-    assert!(
-        !s.contains("--control") && !b.contains("--control"),
-        "{s} {b}"
+    // Each vqblk column has its own control socket: the sweep asks it what
+    // its IOThreads (and auto's controller) did in each run.
+    for (argv, setup) in [
+        (&a, Setup::Auto),
+        (&s, Setup::IoThreads(2)),
+        (&b, Setup::Baseline),
+    ] {
+        let ctl = p.control_socket(setup).display().to_string();
+        assert!(argv.contains(&format!("--control {ctl}")), "{argv}");
+    }
+    assert_ne!(
+        p.control_socket(Setup::Auto),
+        p.control_socket(Setup::Baseline)
     );
     let cell = Cell {
         bs: 4096,
@@ -403,31 +409,49 @@ fn columns_interleave_within_each_cell() {
 }
 
 #[test]
-fn a_run_records_what_the_controller_did_during_it() {
+fn a_run_records_what_the_iothreads_and_the_controller_did_during_it() {
     use serde_json::json;
-    let threads = |active: &[bool]| {
+    let threads = |active: &[bool], passes: u64| {
         json!(active
             .iter()
-            .map(|a| json!({ "id": 0, "active": a }))
+            .enumerate()
+            .map(|(i, a)| json!({
+                "id": i, "active": a, "passes": passes, "completion-wakeups": 2 * passes,
+                "kick-wakeups": 1, "naps": 0, "poll-hits": passes / 2,
+                "nap-late-ns": 1000 * (i as u64 + 1),
+            }))
             .collect::<Vec<_>>())
     };
-    let before = measure::TuneState::parse(
-        &json!({ "auto": true, "moves": { "balance": 2, "park": 1 }, "failed-moves": 0 }),
-        &threads(&[true, false]),
-    )
-    .unwrap();
-    let after = measure::TuneState::parse(
-        &json!({ "auto": true, "moves": { "balance": 5, "park": 1, "wake": 1 }, "failed-moves": 1 }),
-        &threads(&[true, true]),
-    )
-    .unwrap();
-    let d = before.until(&after);
+    let before = measure::ServerState::parse(
+        &threads(&[true, false], 10),
+        Some(&json!({ "auto": true, "moves": { "balance": 2, "park": 1 }, "failed-moves": 0 })),
+    );
+    let after = measure::ServerState::parse(
+        &threads(&[true, true], 30),
+        Some(
+            &json!({ "auto": true, "moves": { "balance": 5, "park": 1, "wake": 1 },
+                      "failed-moves": 1 }),
+        ),
+    );
+    let d = before.tune_until(&after).unwrap();
     let moves: Vec<_> = d.moves.iter().map(|(r, n)| (r.as_str(), *n)).collect();
     assert_eq!(moves, [("balance", 3), ("wake", 1)]);
     assert_eq!((d.failed_moves, d.active_iothreads), (1, 2));
-    // A daemon that does not tune has nothing to record.
+    // Summed over both threads; the lateness is the largest of an active one.
+    let c = before.counters_until(&after);
     assert_eq!(
-        measure::TuneState::parse(&json!({ "auto": false }), &threads(&[true])),
-        None
+        (
+            c.passes,
+            c.completion_wakeups,
+            c.kick_wakeups,
+            c.poll_hits,
+            c.nap_late_ns
+        ),
+        (40, 80, 0, 20, 2000)
     );
+    // A daemon that does not tune has only counters to record.
+    let fixed = measure::ServerState::parse(&threads(&[true], 1), Some(&json!({ "auto": false })));
+    assert_eq!(fixed.tune_until(&fixed), None);
+    let fixed = measure::ServerState::parse(&threads(&[true], 1), None);
+    assert_eq!(fixed.tune_until(&fixed), None);
 }
