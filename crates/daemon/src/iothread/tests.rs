@@ -1713,7 +1713,7 @@ fn a_request_in_flight_when_logging_starts_is_marked_at_completion() {
 /// from pop to used entry (parsing, submission, completion, publish).
 #[test]
 fn requests_allocate_nothing_in_steady_state() {
-    use super::alloc_count::allocations_in;
+    use super::alloc_count::{allocations_in, first_allocation};
     for kind in [Kind::Null, Kind::Uring] {
         let mut r = Rig::new(kind);
         // The event loop's scratch list of answered queues, kept across passes.
@@ -1742,6 +1742,14 @@ fn requests_allocate_nothing_in_steady_state() {
             });
             assert_eq!(r.queues.inflight(), 0, "{kind:?}");
             if counted {
+                // Where, if anything was allocated: a rare one is otherwise
+                // a count without a clue.
+                assert_eq!(
+                    n,
+                    0,
+                    "{kind:?}: allocated at\n{}",
+                    first_allocation().unwrap_or_default()
+                );
                 n
             } else {
                 0
