@@ -52,6 +52,9 @@ pub struct IoThreadDelta {
     pub sleep_seconds: f64,
     /// The polling window at the second snapshot, ns.
     pub poll_window_ns: u64,
+    /// How late a timed nap ends, as the thread measured it at the second
+    /// snapshot, ns (the price of a sleep its adaptive polling weighs).
+    pub nap_late_ns: u64,
 }
 
 impl IoThreadDelta {
@@ -79,6 +82,7 @@ impl IoThreadDelta {
             poll_seconds: x(|t| t.poll_seconds),
             sleep_seconds: x(|t| t.sleep_seconds),
             poll_window_ns: after.poll_window_ns,
+            nap_late_ns: after.nap_late_ns,
         }
     }
 }
@@ -199,6 +203,7 @@ mod tests {
                 "kick_wakeups",
                 "kicks",
                 "name",
+                "nap_late_ns",
                 "naps",
                 "notifications",
                 "notifications_suppressed",

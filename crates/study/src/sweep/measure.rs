@@ -58,6 +58,23 @@ pub fn parse_bench_json(text: &str, op: Op) -> anyhow::Result<Measured> {
         .as_f64()
         .or_else(|| d["runtime"].as_f64().map(|ms| ms / 1000.0))
         .unwrap_or(0.0);
+    // vqblk's own counters per IOThread over the run (`--server-stats`).
+    let iothreads = v["vqblk"]["server_iothreads"].as_array();
+    let iothread_counters = iothreads.map(|threads| {
+        let mut c = IoThreadCounters::default();
+        for t in threads {
+            let n = |k: &str| t[k].as_u64().unwrap_or(0);
+            c.passes += n("passes");
+            c.completion_wakeups += n("completion_wakeups");
+            c.kick_wakeups += n("kick_wakeups");
+            c.naps += n("naps");
+            c.poll_hits += n("poll_hits");
+            if n("requests") > 0 {
+                c.nap_late_ns = c.nap_late_ns.max(n("nap_late_ns"));
+            }
+        }
+        c
+    });
     let mut server_threads = BTreeMap::new();
     for t in v["vqblk"]["server_threads"]
         .as_array()
@@ -79,77 +96,50 @@ pub fn parse_bench_json(text: &str, op: Op) -> anyhow::Result<Measured> {
         elapsed_s,
         server_threads,
         tune: None,
-        iothread_counters: None,
+        iothread_counters,
     })
 }
 
-/// A vqblk server at one moment: what `query-iothreads` (and, for the `auto`
-/// column, `query-tune`) answered.
+/// The `auto` column's controller at one moment: what `query-tune` and
+/// `query-iothreads` answered.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct ServerState {
-    /// Counters summed over the IOThreads (`nap_late_ns`: the largest of an
-    /// active one).
-    pub counters: IoThreadCounters,
+pub struct TuneState {
+    /// Moves so far, by reason.
+    pub moves: BTreeMap<String, u64>,
+    /// Failed moves so far.
+    pub failed_moves: u64,
     /// IOThreads active now.
     pub active_iothreads: u32,
-    /// Moves so far, by reason (`auto` only).
-    pub moves: BTreeMap<String, u64>,
-    /// Failed moves so far (`auto` only).
-    pub failed_moves: u64,
-    /// Whether the daemon tunes its pool (`query-tune`'s `auto`).
-    pub tuned: bool,
 }
 
-impl ServerState {
-    /// Reads the answers to `query-iothreads` and, if asked, `query-tune`.
-    pub fn parse(iothreads: &serde_json::Value, tune: Option<&serde_json::Value>) -> ServerState {
-        let mut st = ServerState::default();
-        for t in iothreads.as_array().into_iter().flatten() {
-            let n = |k: &str| t[k].as_u64().unwrap_or(0);
-            let c = &mut st.counters;
-            c.passes += n("passes");
-            c.completion_wakeups += n("completion-wakeups");
-            c.kick_wakeups += n("kick-wakeups");
-            c.naps += n("naps");
-            c.poll_hits += n("poll-hits");
-            if t["active"] == serde_json::Value::Bool(true) {
-                st.active_iothreads += 1;
-                c.nap_late_ns = c.nap_late_ns.max(n("nap-late-ns"));
-            }
-        }
-        if let Some(tune) = tune.filter(|t| t["auto"] == serde_json::Value::Bool(true)) {
-            st.tuned = true;
-            st.moves = tune["moves"]
-                .as_object()
-                .into_iter()
-                .flatten()
-                .filter_map(|(reason, n)| Some((reason.clone(), n.as_u64()?)))
-                .collect();
-            st.failed_moves = tune["failed-moves"].as_u64().unwrap_or(0);
-        }
-        st
-    }
-
-    /// The counters between `self` and `after` (the nap lateness: `after`'s).
-    pub fn counters_until(&self, after: &ServerState) -> IoThreadCounters {
-        let (a, b) = (&self.counters, &after.counters);
-        IoThreadCounters {
-            passes: b.passes.saturating_sub(a.passes),
-            completion_wakeups: b.completion_wakeups.saturating_sub(a.completion_wakeups),
-            kick_wakeups: b.kick_wakeups.saturating_sub(a.kick_wakeups),
-            naps: b.naps.saturating_sub(a.naps),
-            poll_hits: b.poll_hits.saturating_sub(a.poll_hits),
-            nap_late_ns: b.nap_late_ns,
-        }
-    }
-
-    /// What the controller did between `self` and `after`: the moves made in
-    /// between (reasons with none left out) and the IOThreads active at the
-    /// end; None if the daemon does not tune.
-    pub fn tune_until(&self, after: &ServerState) -> Option<TuneDuring> {
-        if !after.tuned {
+impl TuneState {
+    /// Reads the two answers; None if `tune` says the daemon does not tune.
+    pub fn parse(tune: &serde_json::Value, iothreads: &serde_json::Value) -> Option<TuneState> {
+        if tune["auto"] != serde_json::Value::Bool(true) {
             return None;
         }
+        let moves = tune["moves"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter_map(|(reason, n)| Some((reason.clone(), n.as_u64()?)))
+            .collect();
+        let active = iothreads
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|t| t["active"] == serde_json::Value::Bool(true))
+            .count();
+        Some(TuneState {
+            moves,
+            failed_moves: tune["failed-moves"].as_u64().unwrap_or(0),
+            active_iothreads: u32::try_from(active).unwrap_or(u32::MAX),
+        })
+    }
+
+    /// What happened between `self` and `after`: the moves made in between
+    /// (reasons with none left out) and the IOThreads active at the end.
+    pub fn until(&self, after: &TuneState) -> TuneDuring {
         let moves = after
             .moves
             .iter()
@@ -161,10 +151,10 @@ impl ServerState {
             })
             .filter(|&(_, n)| n > 0)
             .collect();
-        Some(TuneDuring {
+        TuneDuring {
             moves,
             failed_moves: after.failed_moves.saturating_sub(self.failed_moves),
             active_iothreads: after.active_iothreads,
-        })
+        }
     }
 }

@@ -352,11 +352,18 @@ impl Plan {
             .join(format!("{}.sock", Self::file_stem(setup)))
     }
 
-    /// The control socket of a column's vqblk server, through which the sweep
-    /// records what its IOThreads (and `auto`'s controller) did in each run.
-    pub fn control_socket(&self, setup: Setup) -> PathBuf {
+    /// The control socket of the `auto` column's server, through which the sweep
+    /// records what its controller did in each run.
+    pub fn control_socket(&self) -> PathBuf {
         self.work_dir
-            .join(format!("{}.ctl", Self::file_stem(setup)))
+            .join(format!("{}.ctl", Self::file_stem(Setup::Auto)))
+    }
+
+    /// The `--stats-file` of a column's vqblk server: the bench reads its
+    /// IOThreads' counters before and after each run (`--server-stats`).
+    pub fn stats_file(&self, setup: Setup) -> PathBuf {
+        self.work_dir
+            .join(format!("{}.stats.json", Self::file_stem(setup)))
     }
 
     /// The `vqblk serve` of a column (None for native and a qemu-storage-daemon
@@ -374,7 +381,8 @@ impl Plan {
             queues: Some(self.matrix.queues() as u16),
             iothreads: threads,
             iothreads_auto: setup == Setup::Auto,
-            control: Some(self.control_socket(setup)),
+            control: (setup == Setup::Auto).then(|| self.control_socket()),
+            stats_file: Some(self.stats_file(setup)),
             poll,
             log_level: Some(log::LevelFilter::Warn),
             ..Default::default()
@@ -489,6 +497,10 @@ impl Plan {
         );
         if let Some(pid) = server_pid {
             v.extend(["--server-pid".into(), pid.to_string()]);
+            if self.serve_command(setup).is_some() {
+                let stats = self.stats_file(setup).display().to_string();
+                v.extend(["--server-stats".into(), stats]);
+            }
         }
         v
     }
@@ -534,6 +546,7 @@ impl Plan {
                 .replace("--iodepth 1 ", "--iodepth DEPTH ")
                 .replace("--server-pid 0", "--server-pid SERVER_PID")
                 .replace("baseline.sock", "COLUMN.sock")
+                .replace("baseline.stats.json", "COLUMN.stats.json")
         };
         m.insert(
             "bench".into(),

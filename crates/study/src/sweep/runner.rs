@@ -14,7 +14,7 @@ use serde_json::Value;
 use vqblk_daemon::control::client::ControlClient;
 
 use super::host::{hms, host_info, utc_now};
-use super::measure::{parse_bench_json, Measured, ServerState};
+use super::measure::{parse_bench_json, Measured, TuneState};
 use super::plan::Plan;
 use super::process::{run_with_timeout, ServerProc};
 use super::progress::Progress;
@@ -346,14 +346,13 @@ impl<'a> Sweep<'a> {
             self.restart_if_dead(setup)?;
             let pid = self.server(setup).map(ServerProc::pid);
             let argv = self.plan.bench_argv(cell, setup, pid);
-            let before = self.server_state(setup);
+            let before = self.tune_state(setup);
             let result =
                 run_with_timeout(&argv, self.limit).and_then(|out| parse_bench_json(&out, cell.op));
             match result {
                 Ok(mut m) => {
-                    if let (Some(b), Some(a)) = (before, self.server_state(setup)) {
-                        m.iothread_counters = Some(b.counters_until(&a));
-                        m.tune = b.tune_until(&a);
+                    if let (Some(b), Some(a)) = (before, self.tune_state(setup)) {
+                        m.tune = Some(b.until(&a));
                     }
                     return Ok(Some((m, argv)));
                 }
@@ -366,18 +365,16 @@ impl<'a> Sweep<'a> {
         Ok(None)
     }
 
-    /// A column's vqblk server now (None for native and a qemu-storage-daemon
-    /// baseline, or if its control socket does not answer: the run is
-    /// recorded without it).
-    fn server_state(&self, setup: Setup) -> Option<ServerState> {
-        self.plan.serve_command(setup)?;
-        let mut c = ControlClient::connect(&self.plan.control_socket(setup)).ok()?;
+    /// The `auto` column's controller now (None for other columns, or if its
+    /// control socket does not answer: the run is recorded without it).
+    fn tune_state(&self, setup: Setup) -> Option<TuneState> {
+        if setup != Setup::Auto {
+            return None;
+        }
+        let mut c = ControlClient::connect(&self.plan.control_socket()).ok()?;
+        let tune = c.call("query-tune", Value::Null).ok()?;
         let threads = c.call("query-iothreads", Value::Null).ok()?;
-        let tune = match setup {
-            Setup::Auto => Some(c.call("query-tune", Value::Null).ok()?),
-            _ => None,
-        };
-        Some(ServerState::parse(&threads, tune.as_ref()))
+        TuneState::parse(&tune, &threads)
     }
 
     /// A server that died is restarted.

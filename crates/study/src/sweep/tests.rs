@@ -65,20 +65,23 @@ fn null_plan_has_no_native_and_the_baseline_is_poll_off() {
         a.contains("--iothreads auto") && !a.contains("--poll"),
         "{a}"
     );
-    // Each vqblk column has its own control socket: the sweep asks it what
-    // its IOThreads (and auto's controller) did in each run.
+    // Only the auto column has a control socket: the sweep asks it what its
+    // controller did in each run. Every vqblk column writes a stats file,
+    // which the bench reads before and after each run.
+    let ctl = p.control_socket().display().to_string();
+    assert!(a.contains(&format!("--control {ctl}")), "{a}");
+    assert!(
+        !s.contains("--control") && !b.contains("--control"),
+        "{s} {b}"
+    );
     for (argv, setup) in [
         (&a, Setup::Auto),
         (&s, Setup::IoThreads(2)),
         (&b, Setup::Baseline),
     ] {
-        let ctl = p.control_socket(setup).display().to_string();
-        assert!(argv.contains(&format!("--control {ctl}")), "{argv}");
+        let stats = p.stats_file(setup).display().to_string();
+        assert!(argv.contains(&format!("--stats-file {stats}")), "{argv}");
     }
-    assert_ne!(
-        p.control_socket(Setup::Auto),
-        p.control_socket(Setup::Baseline)
-    );
     let cell = Cell {
         bs: 4096,
         op: Op::Randread,
@@ -291,6 +294,33 @@ fn bench_json_is_read() {
             ("vqblk-iot1".to_string(), 0.125)
         ]
     );
+    assert_eq!(m.iothread_counters, None, "no --server-stats");
+    // The IOThreads' counters over the run (`--server-stats`), summed; the
+    // nap lateness is the largest of a thread that served requests.
+    let text = text.replace(
+        r#""server_cpu_s":0.5"#,
+        r#""server_cpu_s":0.5,"server_iothreads":[
+            {"name":"vqblk-iot0","requests":9,"passes":10,"completion_wakeups":20,"kick_wakeups":0,
+             "naps":0,"poll_hits":5,"nap_late_ns":1000},
+            {"name":"vqblk-iot1","requests":3,"passes":30,"completion_wakeups":60,"kick_wakeups":0,
+             "naps":0,"poll_hits":15,"nap_late_ns":2000},
+            {"name":"vqblk-iot2","requests":0,"passes":0,"completion_wakeups":0,"kick_wakeups":0,
+             "naps":0,"poll_hits":0,"nap_late_ns":9000}]"#,
+    );
+    let c = parse_bench_json(&text, Op::Randread)
+        .unwrap()
+        .iothread_counters
+        .unwrap();
+    assert_eq!(
+        (
+            c.passes,
+            c.completion_wakeups,
+            c.kick_wakeups,
+            c.poll_hits,
+            c.nap_late_ns
+        ),
+        (40, 80, 0, 20, 2000)
+    );
     assert!(parse_bench_json("{\"jobs\":[]}", Op::Read).is_err());
     assert!(
         parse_bench_json(r#"{"jobs":[{"error":1,"error_text":"EIO"}]}"#, Op::Read)
@@ -409,49 +439,32 @@ fn columns_interleave_within_each_cell() {
 }
 
 #[test]
-fn a_run_records_what_the_iothreads_and_the_controller_did_during_it() {
+fn a_run_records_what_the_controller_did_during_it() {
     use serde_json::json;
-    let threads = |active: &[bool], passes: u64| {
+    let threads = |active: &[bool]| {
         json!(active
             .iter()
-            .enumerate()
-            .map(|(i, a)| json!({
-                "id": i, "active": a, "passes": passes, "completion-wakeups": 2 * passes,
-                "kick-wakeups": 1, "naps": 0, "poll-hits": passes / 2,
-                "nap-late-ns": 1000 * (i as u64 + 1),
-            }))
+            .map(|a| json!({ "id": 0, "active": a }))
             .collect::<Vec<_>>())
     };
-    let before = measure::ServerState::parse(
-        &threads(&[true, false], 10),
-        Some(&json!({ "auto": true, "moves": { "balance": 2, "park": 1 }, "failed-moves": 0 })),
-    );
-    let after = measure::ServerState::parse(
-        &threads(&[true, true], 30),
-        Some(
-            &json!({ "auto": true, "moves": { "balance": 5, "park": 1, "wake": 1 },
-                      "failed-moves": 1 }),
-        ),
-    );
-    let d = before.tune_until(&after).unwrap();
+    let before = measure::TuneState::parse(
+        &json!({ "auto": true, "moves": { "balance": 2, "park": 1 }, "failed-moves": 0 }),
+        &threads(&[true, false]),
+    )
+    .unwrap();
+    let after = measure::TuneState::parse(
+        &json!({ "auto": true, "moves": { "balance": 5, "park": 1, "wake": 1 },
+                 "failed-moves": 1 }),
+        &threads(&[true, true]),
+    )
+    .unwrap();
+    let d = before.until(&after);
     let moves: Vec<_> = d.moves.iter().map(|(r, n)| (r.as_str(), *n)).collect();
     assert_eq!(moves, [("balance", 3), ("wake", 1)]);
     assert_eq!((d.failed_moves, d.active_iothreads), (1, 2));
-    // Summed over both threads; the lateness is the largest of an active one.
-    let c = before.counters_until(&after);
+    // A daemon that does not tune has nothing to record.
     assert_eq!(
-        (
-            c.passes,
-            c.completion_wakeups,
-            c.kick_wakeups,
-            c.poll_hits,
-            c.nap_late_ns
-        ),
-        (40, 80, 0, 20, 2000)
+        measure::TuneState::parse(&json!({ "auto": false }), &threads(&[true])),
+        None
     );
-    // A daemon that does not tune has only counters to record.
-    let fixed = measure::ServerState::parse(&threads(&[true], 1), Some(&json!({ "auto": false })));
-    assert_eq!(fixed.tune_until(&fixed), None);
-    let fixed = measure::ServerState::parse(&threads(&[true], 1), None);
-    assert_eq!(fixed.tune_until(&fixed), None);
 }
