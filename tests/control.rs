@@ -473,6 +473,13 @@ fn vanishing_control_clients_do_not_disturb_io() {
             n
         })
     };
+    // The client connects from its own thread: the flood starts once it is
+    // in, so that "still connected" below is about the flood.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ok(&control, "query-exports", Value::Null)[0]["connected"] != true {
+        assert!(Instant::now() < deadline, "the client did not connect");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let t = Instant::now();
     let mut rounds = 0;
     while t.elapsed() < Duration::from_millis(700) {
