@@ -314,7 +314,7 @@ fn a_tuned_pool_shows_its_active_set_and_moves() {
     };
     assert_eq!(active("0"), Some(1.0), "{text}");
     assert_eq!(active("1"), Some(0.0), "{text}");
-    for reason in ["balance", "activate", "park", "budget"] {
+    for reason in ["balance", "activate", "park", "budget", "probe", "revert"] {
         assert!(
             s.contains_key(&format!(
                 "vqblk_autotune_moves_total{{reason=\"{reason}\"}}"

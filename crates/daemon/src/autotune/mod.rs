@@ -26,6 +26,14 @@
 //!    `pegged`) hides how much more its queues want: it goes to parked
 //!    threads first, up to three at once, and when none is parked the
 //!    coolest threads are emptied onto the other cool ones to make room.
+//!    *Probe*: a thread that is awake all the time (working or polling,
+//!    never asleep) with several busy queues is not saturated by its load,
+//!    yet its queues may be waiting on each other: once confirmed, a parked
+//!    thread takes about half of them, and the move is kept only if their
+//!    request rate grows by `probe_gain` over the ticks after it settles;
+//!    otherwise it is reverted and not tried again for those queues while
+//!    their rate stays within `probe_band` (for `probe_retry_ms`). The
+//!    threads of a probe that paid are not parked while the rate holds.
 //! 4. *Park*: a thread whose queues fit on the other threads below
 //!    `park_below` (best fit; idle queues fit anywhere) gives them away and
 //!    is left parked (no queue, no CPU). The coolest thread goes first,
@@ -113,15 +121,21 @@ pub enum Reason {
     Park,
     /// A thread emptied because the active threads exceed the cpu budget.
     Budget,
+    /// A parked thread woken to try: the thread it relieves never sleeps.
+    Probe,
+    /// A probe undone: the queues' request rate did not grow.
+    Revert,
 }
 
 impl Reason {
     /// Every reason, for counters.
-    pub const ALL: [Reason; 4] = [
+    pub const ALL: [Reason; 6] = [
         Reason::Balance,
         Reason::Activate,
         Reason::Park,
         Reason::Budget,
+        Reason::Probe,
+        Reason::Revert,
     ];
 
     /// The label value (`reason="..."`) and the word in logs.
@@ -131,6 +145,8 @@ impl Reason {
             Reason::Activate => "activate",
             Reason::Park => "park",
             Reason::Budget => "budget",
+            Reason::Probe => "probe",
+            Reason::Revert => "revert",
         }
     }
 }
@@ -186,6 +202,19 @@ pub struct Params {
     pub payback: f64,
     /// CPU seconds per request assumed for a thread with no completions.
     pub default_cost_s: f64,
+    /// Awake fraction (work plus polling) above which a thread that is not
+    /// saturated is probed: it never sleeps, so its queues may be waiting on
+    /// each other rather than on the guest or the disk.
+    pub probe_awake: f64,
+    /// Least growth of the queues' request rate that keeps a probe.
+    pub probe_gain: f64,
+    /// Ticks after the settle time over which a probe's rate is measured.
+    pub probe_ticks: u32,
+    /// A probe's verdict holds while its queues' rate stays within this
+    /// fraction of the rate it was measured at.
+    pub probe_band: f64,
+    /// A probe that did not pay is not tried again for this long, ms.
+    pub probe_retry_ms: u64,
 }
 
 impl Default for Params {
@@ -204,6 +233,11 @@ impl Default for Params {
             move_cost_s: 0.002,
             payback: 10.0,
             default_cost_s: 5e-6,
+            probe_awake: 0.95,
+            probe_gain: 0.05,
+            probe_ticks: 2,
+            probe_band: 0.25,
+            probe_retry_ms: 300_000,
         }
     }
 }
@@ -220,6 +254,38 @@ impl Params {
 struct Streaks {
     hot: u32,
     park: u32,
+    probe: u32,
+}
+
+/// A probe ([`Reason::Probe`]): its queues (the busy ones of the thread it
+/// relieved, sorted) and where it stands.
+#[derive(Debug, Clone, PartialEq)]
+struct Probe {
+    queues: Vec<QueueId>,
+    stage: Stage,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Stage {
+    /// Woken: the queues' rate is being measured after the move.
+    Running {
+        /// The thread relieved and the one woken.
+        from: usize,
+        to: usize,
+        /// The queues moved.
+        moved: Vec<QueueId>,
+        /// Their rate at the tick that confirmed the probe.
+        before: f64,
+        /// Sum of their rates over `ticks` ticks since the settle time.
+        sum: f64,
+        ticks: u32,
+    },
+    /// It paid: neither thread is parked while the queues keep this rate.
+    Kept { threads: [usize; 2], rate: f64 },
+    /// It did not pay: not tried again at the rate the queues have once
+    /// back on one thread (measured at the first tick after the settle
+    /// time) before `until_ms`.
+    Refused { rate: Option<f64>, until_ms: u64 },
 }
 
 /// The policy's state between ticks.
@@ -231,6 +297,8 @@ pub struct AutoTune {
     /// No decision before this time, ms.
     settle_until: u64,
     streaks: Streaks,
+    /// The last probe, while its verdict holds.
+    probe: Option<Probe>,
 }
 
 /// The per-tick view the rules work on.
@@ -284,6 +352,7 @@ impl AutoTune {
             last_move: HashMap::new(),
             settle_until: 0,
             streaks: Streaks::default(),
+            probe: None,
         }
     }
 
@@ -302,12 +371,18 @@ impl AutoTune {
             self.streaks = Streaks::default();
             return Vec::new();
         }
-        let mut out = self.budget(&mut v);
-        if out.is_empty() {
+        let mut out = match self.probe_verdict(&mut v) {
+            Some(d) => d,
+            None => self.budget(&mut v),
+        };
+        if out.is_empty() && !self.probe_running() {
             out = self.balance_or_activate(&mut v);
-        }
-        if out.is_empty() {
-            out = self.park(&mut v);
+            if out.is_empty() {
+                out = self.start_probe(&mut v);
+            }
+            if out.is_empty() {
+                out = self.park(&mut v);
+            }
         }
         if !out.is_empty() {
             self.streaks = Streaks::default();
@@ -661,11 +736,173 @@ impl AutoTune {
             .collect()
     }
 
+    /// Whether a probe is being measured (no other rule moves anything
+    /// meanwhile, so that the rate it sees is the probe's doing).
+    fn probe_running(&self) -> bool {
+        matches!(
+            self.probe,
+            Some(Probe {
+                stage: Stage::Running { .. },
+                ..
+            })
+        )
+    }
+
+    /// Carries a probe on: measures a running one and gives its verdict
+    /// (Some: the moves that undo it, or none while it is measured; None: go
+    /// on with the other rules), and forgets a verdict whose queues' rate
+    /// left the band it was measured at (the workload changed).
+    fn probe_verdict(&mut self, v: &mut View) -> Option<Vec<Decision>> {
+        let p = self.params;
+        let now = v.sample.now_ms;
+        let mut probe = self.probe.take()?;
+        let rate = rate_of(v.sample, &probe.queues);
+        let keep = |r: f64| (rate - r).abs() <= r * p.probe_band;
+        let mut out = None;
+        match &mut probe.stage {
+            Stage::Running {
+                from,
+                to,
+                moved,
+                before,
+                sum,
+                ticks,
+            } => {
+                *sum += rate;
+                *ticks += 1;
+                if *ticks < p.probe_ticks {
+                    out = Some(Vec::new());
+                } else if *sum / *ticks as f64 >= *before * (1.0 + p.probe_gain) {
+                    probe.stage = Stage::Kept {
+                        threads: [*from, *to],
+                        rate: *sum / *ticks as f64,
+                    };
+                } else {
+                    let (from, to) = (*from, *to);
+                    let back: Vec<usize> = (0..v.owner.len())
+                        .filter(|&i| v.owner[i] == to && moved.contains(&v.sample.queues[i].id))
+                        .collect();
+                    out = Some(
+                        back.into_iter()
+                            .map(|i| self.plan(v, i, from, Reason::Revert))
+                            .collect(),
+                    );
+                    probe.stage = Stage::Refused {
+                        rate: None,
+                        until_ms: now + p.probe_retry_ms,
+                    };
+                }
+            }
+            Stage::Kept { threads, rate: r } => {
+                // A load that grew keeps it too: it wants the threads more.
+                if !threads.iter().all(|&t| v.active(t)) || rate < *r * (1.0 - p.probe_band) {
+                    return None;
+                }
+            }
+            Stage::Refused { rate: r, until_ms } => {
+                let r = *r.get_or_insert(rate);
+                if now >= *until_ms || !keep(r) {
+                    return None;
+                }
+            }
+        }
+        self.probe = Some(probe);
+        out
+    }
+
+    /// Rule 3b, *probe*: an active thread that is awake all the time
+    /// (`probe_awake`) but not saturated, with several busy queues, hands
+    /// about half of them to a parked thread once confirmed, and
+    /// [`Self::probe_verdict`] keeps the move only if the queues' rate grows
+    /// by `probe_gain`. Its load cannot say whether a second thread pays:
+    /// the time it spends polling may be its queues waiting on each other.
+    /// One probe at a time; one that did not pay is not tried again for
+    /// the same queues at the same rate.
+    fn start_probe(&mut self, v: &mut View) -> Vec<Decision> {
+        let p = self.params;
+        let s = v.sample;
+        let parked = (0..v.load.len()).find(|&t| !v.active(t));
+        let actives = v.actives();
+        let candidate = parked
+            .filter(|_| actives.len() < p.max_active)
+            .and_then(|_| {
+                actives
+                    .iter()
+                    .copied()
+                    .filter(|&t| s.threads[t].work + s.threads[t].poll >= p.probe_awake)
+                    .map(|t| {
+                        let busy: Vec<usize> = v
+                            .queues_on(t)
+                            .into_iter()
+                            .filter(|&i| v.qload[i] >= IDLE_LOAD && !s.queues[i].pinned)
+                            .collect();
+                        (t, busy)
+                    })
+                    .filter(|(_, busy)| {
+                        busy.len() >= 2 && busy.iter().all(|&i| self.movable(v, i, true))
+                    })
+                    .max_by_key(|(_, busy)| busy.len())
+            });
+        let blocked = |ids: &[QueueId]| match &self.probe {
+            None => false,
+            Some(Probe {
+                queues,
+                stage: Stage::Refused { .. },
+            }) => queues == ids,
+            Some(_) => true,
+        };
+        let Some((h, busy, ids)) = candidate
+            .map(|(h, busy)| {
+                let mut ids: Vec<QueueId> = busy.iter().map(|&i| s.queues[i].id).collect();
+                ids.sort_unstable();
+                (h, busy, ids)
+            })
+            .filter(|(_, _, ids)| !blocked(ids))
+        else {
+            self.streaks.probe = 0;
+            return Vec::new();
+        };
+        self.streaks.probe += 1;
+        if self.streaks.probe < p.confirm_hot {
+            return Vec::new();
+        }
+        // The last tick's: the first of the streak may have begun idle.
+        let before = busy.iter().map(|&i| s.queues[i].rate).sum::<f64>();
+        let to = parked.expect("a candidate needs a parked thread");
+        let Some(group) = self.split(v, h, 1).into_iter().next() else {
+            return Vec::new();
+        };
+        let out: Vec<Decision> = group
+            .into_iter()
+            .map(|i| self.plan(v, i, to, Reason::Probe))
+            .collect();
+        self.probe = Some(Probe {
+            queues: ids,
+            stage: Stage::Running {
+                from: h,
+                to,
+                moved: out.iter().map(|d| d.queue).collect(),
+                before,
+                sum: 0.0,
+                ticks: 0,
+            },
+        });
+        out
+    }
+
     fn park(&mut self, v: &mut View) -> Vec<Decision> {
         let p = self.params;
-        // Threads at `park_below` or above neither give nor take queues.
+        // Threads at `park_below` or above neither give nor take queues, nor
+        // do the threads of a probe that paid.
+        let kept = match &self.probe {
+            Some(Probe {
+                stage: Stage::Kept { threads, .. },
+                ..
+            }) => &threads[..],
+            _ => &[],
+        };
         let busy: Vec<usize> = (0..v.load.len())
-            .filter(|&t| v.load[t] >= p.park_below)
+            .filter(|&t| v.load[t] >= p.park_below || kept.contains(&t))
             .collect();
         let mut w = v.clone();
         let mut out = Vec::new();
@@ -683,6 +920,15 @@ impl AutoTune {
         *v = w;
         out
     }
+}
+
+/// The summed request rate of `queues` in `s`.
+fn rate_of(s: &Sample, queues: &[QueueId]) -> f64 {
+    s.queues
+        .iter()
+        .filter(|q| queues.contains(&q.id))
+        .map(|q| q.rate.max(0.0))
+        .sum()
 }
 
 #[cfg(test)]

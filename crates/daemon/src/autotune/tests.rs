@@ -269,6 +269,166 @@ fn a_move_that_does_not_pay_for_its_drain_is_not_made() {
 #[test]
 fn reasons_have_distinct_labels() {
     let mut l: Vec<&str> = Reason::ALL.iter().map(|r| r.label()).collect();
+    l.sort_unstable();
     l.dedup();
-    assert_eq!(l.len(), 4);
+    assert_eq!(l.len(), Reason::ALL.len());
+}
+
+/// A sample where queue `i` belongs to `owners[i]` and completes `rates[i]`
+/// requests a second at [`COST`] each, and every thread with work spends the
+/// rest of the tick polling: it never sleeps.
+fn awake_sample(now_ms: u64, pool: usize, owners: &[usize], rates: &[f64]) -> Sample {
+    let mut threads = vec![ThreadSample::default(); pool];
+    for (&o, &r) in owners.iter().zip(rates) {
+        threads[o].work += r * COST;
+    }
+    for t in threads.iter_mut().filter(|t| t.work > 0.0) {
+        t.poll = 1.0 - t.work;
+    }
+    Sample {
+        now_ms,
+        threads,
+        queues: owners
+            .iter()
+            .zip(rates)
+            .enumerate()
+            .map(|(i, (&owner, &rate))| QueueSample {
+                id: (0, i as u16),
+                owner,
+                rate,
+                pinned: false,
+                home: None,
+            })
+            .collect(),
+    }
+}
+
+/// Ticks `policy` once a second from `from_s` to `to_s` with the rates
+/// `rates(owners)` gives, carrying out its decisions; returns them with
+/// their time in seconds.
+fn tick(
+    policy: &mut AutoTune,
+    pool: usize,
+    owners: &mut [usize],
+    (from_s, to_s): (u64, u64),
+    rates: impl Fn(&[usize]) -> Vec<f64>,
+) -> Vec<(u64, Decision)> {
+    let mut log = Vec::new();
+    for t in from_s..to_s {
+        let r = rates(owners);
+        for d in policy.decide(&awake_sample(t * 1000, pool, owners, &r)) {
+            assert_eq!(owners[d.queue.1 as usize], d.from, "{d:?}");
+            owners[d.queue.1 as usize] = d.to;
+            log.push((t, d));
+        }
+    }
+    log
+}
+
+/// Two busy queues and two idle ones on a thread that never sleeps; each
+/// busy queue does `one` requests a second while they share a thread and
+/// `two` when they do not.
+fn two_busy(one: f64, two: f64) -> impl Fn(&[usize]) -> Vec<f64> {
+    move |owners: &[usize]| {
+        let each = if owners[0] == owners[1] { one } else { two };
+        vec![each, each, 0.0, 0.0]
+    }
+}
+
+#[test]
+fn a_thread_that_never_sleeps_is_probed_and_kept_when_the_rate_grows() {
+    let mut p = AutoTune::new(Params::default());
+    let mut owners = [0, 0, 0, 0];
+    // Half work, half polling: not saturated, but never asleep.
+    let log = tick(
+        &mut p,
+        2,
+        &mut owners,
+        (0, 120),
+        two_busy(50_000.0, 60_000.0),
+    );
+    assert!(!log.is_empty(), "no probe");
+    let (t, first) = log[0];
+    assert!(t <= 3, "probed at {t} s");
+    assert_eq!((first.from, first.to, first.reason), (0, 1, Reason::Probe));
+    assert_ne!(owners[0], owners[1], "{log:?}");
+    // Kept: no revert, and the two threads (0.3 of a core each) are not
+    // parked together again while the rate holds.
+    assert!(
+        log.iter().all(|(_, d)| d.reason == Reason::Probe),
+        "{log:?}"
+    );
+    // The load goes away: the threads are gathered again (slowly).
+    let log = tick(&mut p, 2, &mut owners, (120, 180), |_| vec![0.0; 4]);
+    assert!(log.iter().any(|(_, d)| d.reason == Reason::Park), "{log:?}");
+    assert_eq!(owners, [owners[0]; 4]);
+}
+
+#[test]
+fn a_probe_that_does_not_raise_the_rate_is_reverted_and_not_retried() {
+    let mut p = AutoTune::new(Params::default());
+    let mut owners = [0, 0, 0, 0];
+    // Four busy queues: the ones that did not move are not a new set to try.
+    let four = |owners: &[usize]| {
+        let each = if owners.iter().all(|&o| o == owners[0]) {
+            30_000.0
+        } else {
+            30_500.0
+        };
+        vec![each; 4]
+    };
+    let log = tick(&mut p, 2, &mut owners, (0, 200), four);
+    let probes: Vec<_> = log
+        .iter()
+        .filter(|(_, d)| d.reason == Reason::Probe)
+        .collect();
+    let reverts: Vec<_> = log
+        .iter()
+        .filter(|(_, d)| d.reason == Reason::Revert)
+        .collect();
+    assert!(!probes.is_empty() && !reverts.is_empty(), "{log:?}");
+    assert_eq!(
+        probes.len(),
+        reverts.len(),
+        "every moved queue comes back {log:?}"
+    );
+    assert!(
+        reverts.iter().all(|(t, _)| *t <= probes[0].0 + 5),
+        "reverted within the settle time and the measure: {log:?}"
+    );
+    assert!(
+        log.iter().all(|(t, _)| *t <= probes[0].0 + 5),
+        "tried once: {log:?}"
+    );
+    assert_eq!(owners, [0; 4]);
+    // The workload changes (its rate leaves the band): it is tried again.
+    let log = tick(&mut p, 2, &mut owners, (200, 210), |_| vec![39_000.0; 4]);
+    assert!(
+        log.iter().any(|(_, d)| d.reason == Reason::Probe),
+        "{log:?}"
+    );
+}
+
+#[test]
+fn no_probe_without_two_busy_queues_a_sleepless_thread_or_room() {
+    // One busy queue: nothing to split.
+    let mut p = AutoTune::new(Params::default());
+    let one = |_: &[usize]| vec![100_000.0, 0.0, 0.0, 0.0];
+    assert!(tick(&mut p, 2, &mut [0; 4], (0, 60), one).is_empty());
+    // A thread that sleeps 30% of the time.
+    let mut p = AutoTune::new(Params::default());
+    let q = [(0, 50_000.0, false), (0, 50_000.0, false)];
+    let mut s = sample(0, 2, &q);
+    s.threads[0].poll = 0.2;
+    for t in 0..60 {
+        s.now_ms = t * 1000;
+        assert!(p.decide(&s).is_empty());
+    }
+    // A budget of one thread.
+    let mut p = AutoTune::new(Params {
+        max_active: 1,
+        ..Params::default()
+    });
+    let busy = two_busy(50_000.0, 60_000.0);
+    assert!(tick(&mut p, 2, &mut [0; 4], (0, 60), busy).is_empty());
 }

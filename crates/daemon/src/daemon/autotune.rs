@@ -236,9 +236,10 @@ impl Controller {
                         let now_ms = now.duration_since(t0).as_millis() as u64;
                         let sample = sample(&state, &tuning, &mut ids, old, &snap, dt, now_ms);
                         log::debug!(
-                            "autotune: work {:.2?}, poll {:.2?}",
+                            "autotune: work {:.2?}, poll {:.2?}, {:.0} requests/s",
                             sample.threads.iter().map(|t| t.work).collect::<Vec<_>>(),
-                            sample.threads.iter().map(|t| t.poll).collect::<Vec<_>>()
+                            sample.threads.iter().map(|t| t.poll).collect::<Vec<_>>(),
+                            sample.queues.iter().map(|q| q.rate).sum::<f64>()
                         );
                         for d in policy.decide(&sample) {
                             let export = ids.name(d.queue.0).to_string();
@@ -427,7 +428,9 @@ mod tests {
                 ("balance", RECENT as u64 + 2),
                 ("activate", 0),
                 ("park", 1),
-                ("budget", 0)
+                ("budget", 0),
+                ("probe", 0),
+                ("revert", 0)
             ]
         );
         assert_eq!((r.failed, r.active), (1, vec![true, false]));
