@@ -128,6 +128,20 @@ pub struct ThreadCpu {
     pub name: String,
     /// User + system time.
     pub cpu: Duration,
+    /// Time it was runnable but waited for a CPU (the scheduler's run delay,
+    /// `/proc/PID/task/TID/schedstat`; zero where the kernel has no
+    /// schedstats). A thread that served slowly while using little CPU
+    /// either slept or waited here.
+    pub wait: Duration,
+}
+
+/// The run delay (second field, ns) of a `schedstat` line.
+fn parse_schedstat_wait(line: &str) -> Option<Duration> {
+    line.split_ascii_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+        .map(Duration::from_nanos)
 }
 
 /// utime + stime of every thread of process `pid`, by thread. Threads that exit
@@ -150,11 +164,16 @@ pub fn server_thread_times(pid: u32) -> Vec<ThreadCpu> {
         ) else {
             continue;
         };
+        let wait = std::fs::read_to_string(e.path().join("schedstat"))
+            .ok()
+            .and_then(|l| parse_schedstat_wait(&l))
+            .unwrap_or_default();
         if let Some((u, s)) = parse_stat_ticks(&stat) {
             out.push(ThreadCpu {
                 tid,
                 name: comm.trim_end().to_string(),
                 cpu: Duration::from_nanos((u + s).saturating_mul(1_000_000_000 / hz)),
+                wait,
             });
         }
     }
@@ -162,19 +181,19 @@ pub fn server_thread_times(pid: u32) -> Vec<ThreadCpu> {
     out
 }
 
-/// Per-thread CPU used between two snapshots (threads present in `after`).
+/// Per-thread CPU used and run delay between two snapshots (threads present
+/// in `after`).
 pub fn thread_delta(before: &[ThreadCpu], after: &[ThreadCpu]) -> Vec<ThreadCpu> {
     after
         .iter()
         .map(|a| {
-            let b = before
-                .iter()
-                .find(|b| b.tid == a.tid)
-                .map_or(Duration::ZERO, |b| b.cpu);
+            let b = before.iter().find(|b| b.tid == a.tid);
+            let (cpu, wait) = b.map_or((Duration::ZERO, Duration::ZERO), |b| (b.cpu, b.wait));
             ThreadCpu {
                 tid: a.tid,
                 name: a.name.clone(),
-                cpu: a.cpu.saturating_sub(b),
+                cpu: a.cpu.saturating_sub(cpu),
+                wait: a.wait.saturating_sub(wait),
             }
         })
         .collect()
@@ -192,11 +211,22 @@ mod tests {
     }
 
     #[test]
+    fn schedstat_run_delay() {
+        assert_eq!(
+            parse_schedstat_wait("5012345 2500000 17\n"),
+            Some(Duration::from_micros(2500))
+        );
+        assert_eq!(parse_schedstat_wait("5012345"), None);
+    }
+
+    #[test]
     fn thread_times_name_our_threads() {
         let t = server_thread_times(std::process::id());
         assert!(!t.is_empty());
         let d = thread_delta(&t, &t);
-        assert!(d.iter().all(|x| x.cpu == Duration::ZERO));
+        assert!(d
+            .iter()
+            .all(|x| x.cpu == Duration::ZERO && x.wait == Duration::ZERO));
         assert!(server_thread_times(u32::MAX).is_empty());
     }
 

@@ -286,7 +286,8 @@ fn vqblk_json(r: &Report) -> Value {
 /// The server's CPU time, in all and per thread, into the `vqblk` object.
 fn server_json(r: &Report, ios: u64, vq: &mut Value) {
     // Per server thread (for vqblk: each IOThread `vqblk-iotN`), threads
-    // that used CPU during the measured passes.
+    // that used CPU during the measured passes: CPU time, and time spent
+    // runnable waiting for a CPU.
     vq["server_threads"] = Value::Array(
         r.server_threads
             .iter()
@@ -296,6 +297,7 @@ fn server_json(r: &Report, ios: u64, vq: &mut Value) {
                     "tid": t.tid,
                     "name": t.name,
                     "cpu_s": t.cpu.as_secs_f64(),
+                    "wait_s": t.wait.as_secs_f64(),
                     "cpu_per_io_us": per_io_us(t.cpu, ios),
                 })
             })

@@ -351,6 +351,7 @@ mod tests {
                     elapsed_s: 1.0,
                     time: String::new(),
                     server_threads: Default::default(),
+                    server_threads_wait: Default::default(),
                     tune: None,
                     iothread_counters: None,
                     argv: vec![],

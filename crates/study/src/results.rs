@@ -151,6 +151,11 @@ pub struct Run {
     /// IOThreads (`vqblk-iotN`) served it.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub server_threads: BTreeMap<String, f64>,
+    /// Seconds each server thread was runnable but waited for a CPU over the
+    /// run, by thread name (those that waited at all): a thread that served
+    /// slowly on little CPU slept if this is small, was crowded out if not.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub server_threads_wait: BTreeMap<String, f64>,
     /// The `auto` column: what its controller did during the run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tune: Option<TuneDuring>,
@@ -422,6 +427,7 @@ mod tests {
             elapsed_s: 1.0,
             time: "2026-01-01T00:00:00Z".into(),
             server_threads: Default::default(),
+            server_threads_wait: Default::default(),
             tune: None,
             iothread_counters: None,
             argv: vec![],

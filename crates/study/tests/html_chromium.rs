@@ -67,6 +67,7 @@ fn study() -> Study {
                     elapsed_s: 1.0,
                     time: "2026-01-01T00:00:00Z".into(),
                     server_threads: Default::default(),
+                    server_threads_wait: Default::default(),
                     tune: None,
                     iothread_counters: None,
                     argv: vec!["vqblk".into(), "bench".into()],

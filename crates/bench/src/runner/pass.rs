@@ -60,7 +60,10 @@ impl Totals {
     fn add(&mut self, a: Sample, b: Sample, wall: Duration) {
         for d in cpu::thread_delta(&a.threads, &b.threads) {
             match self.server_threads.iter_mut().find(|t| t.tid == d.tid) {
-                Some(t) => t.cpu += d.cpu,
+                Some(t) => {
+                    t.cpu += d.cpu;
+                    t.wait += d.wait;
+                }
                 None => self.server_threads.push(d),
             }
         }
@@ -226,6 +229,7 @@ mod tests {
             tid,
             name: format!("t{tid}"),
             cpu: Duration::from_millis(ms),
+            wait: Duration::from_micros(ms * 500),
         }
     }
 

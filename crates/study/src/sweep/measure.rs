@@ -24,6 +24,9 @@ pub struct Measured {
     pub elapsed_s: f64,
     /// Server CPU seconds by thread name (summed over threads of one name).
     pub server_threads: BTreeMap<String, f64>,
+    /// Seconds the server's threads were runnable but waited for a CPU, by
+    /// thread name (those that waited at all).
+    pub server_threads_wait: BTreeMap<String, f64>,
     /// The `auto` column: what its controller did during the run.
     pub tune: Option<TuneDuring>,
     /// vqblk's columns: what its IOThreads counted during the run.
@@ -76,13 +79,20 @@ pub fn parse_bench_json(text: &str, op: Op) -> anyhow::Result<Measured> {
         c
     });
     let mut server_threads = BTreeMap::new();
+    let mut server_threads_wait = BTreeMap::new();
     for t in v["vqblk"]["server_threads"]
         .as_array()
         .into_iter()
         .flatten()
     {
-        if let (Some(name), Some(cpu)) = (t["name"].as_str(), t["cpu_s"].as_f64()) {
+        let Some(name) = t["name"].as_str() else {
+            continue;
+        };
+        if let Some(cpu) = t["cpu_s"].as_f64() {
             *server_threads.entry(name.to_string()).or_insert(0.0) += cpu;
+        }
+        if let Some(wait) = t["wait_s"].as_f64().filter(|&w| w > 0.0) {
+            *server_threads_wait.entry(name.to_string()).or_insert(0.0) += wait;
         }
     }
     Ok(Measured {
@@ -95,6 +105,7 @@ pub fn parse_bench_json(text: &str, op: Op) -> anyhow::Result<Measured> {
         server_cpu_s: v["vqblk"]["server_cpu_s"].as_f64(),
         elapsed_s,
         server_threads,
+        server_threads_wait,
         tune: None,
         iothread_counters,
     })

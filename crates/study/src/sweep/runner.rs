@@ -456,6 +456,7 @@ impl<'a> Sweep<'a> {
             time: utc_now(),
             argv,
             server_threads: m.server_threads.clone(),
+            server_threads_wait: m.server_threads_wait.clone(),
             tune: m.tune.clone(),
             iothread_counters: m.iothread_counters.clone(),
         })))
