@@ -11,6 +11,7 @@
 //! | [`ThreadKind::Worker`] | `vqblk-iot<N>-w<K>` (backend `threads`) | positional vectored I/O, `fallocate`, `fdatasync` |
 //! | [`ThreadKind::Metrics`] | `vqblk-metrics` and the HTTP server's threads it starts | accept and answer TCP connections on the listening socket it was given, start threads |
 //! | [`ThreadKind::Tune`] | `vqblk-tune` (`--iothreads auto`) | nothing: it reads counters and thread CPU clocks, and moves queues by sending IOThreads a command and waking them (an eventfd `write`) |
+//! | [`ThreadKind::Shares`] | `vqblk-shares` (reservations and weights) | `fstat` of the open disks (their backing device); it reads counters and sets caps as the tuner moves queues |
 //!
 //! The common set is what any Rust thread needs to run and log: memory management,
 //! futexes, signals' own bookkeeping, clocks, `write` to stderr, `close`, exit; it
@@ -71,17 +72,20 @@ pub enum ThreadKind {
     Metrics,
     /// The IOThread pool's controller (`vqblk-tune`, `--iothreads auto`).
     Tune,
+    /// The share allocator (`vqblk-shares`: reservations and weights).
+    Shares,
 }
 
 impl ThreadKind {
     /// Every kind of filtered thread.
-    pub const ALL: [ThreadKind; 6] = [
+    pub const ALL: [ThreadKind; 7] = [
         ThreadKind::Control,
         ThreadKind::Rpc,
         ThreadKind::IoThread,
         ThreadKind::Worker,
         ThreadKind::Metrics,
         ThreadKind::Tune,
+        ThreadKind::Shares,
     ];
 }
 
@@ -275,6 +279,14 @@ const METRICS: &[libc::c_long] = &[
 /// the thread that starts or adds an export.
 const TUNE: &[libc::c_long] = &[];
 
+/// The share allocator, beyond the common set: what the tuner does (atomic
+/// counters; a cap change is a command on an IOThread's channel and an
+/// eventfd `write`), and `fstat` of each open disk, to group exports by the
+/// device behind them (`File::metadata`: `statx` with `AT_EMPTY_PATH`, or
+/// `fstat` / `newfstatat` where the C library takes that way). It opens
+/// nothing.
+const SHARES: &[libc::c_long] = &[libc::SYS_statx, libc::SYS_fstat, libc::SYS_newfstatat];
+
 fn target_arch() -> Result<TargetArch, SeccompError> {
     match std::env::consts::ARCH {
         "x86_64" => Ok(TargetArch::x86_64),
@@ -293,6 +305,7 @@ pub fn allowed(kind: ThreadKind) -> Vec<libc::c_long> {
         ThreadKind::Worker => WORKER,
         ThreadKind::Metrics => METRICS,
         ThreadKind::Tune => TUNE,
+        ThreadKind::Shares => SHARES,
     };
     // The RPC thread serves its clients as a control thread serves a frontend.
     let base: &[libc::c_long] = if kind == ThreadKind::Rpc {
@@ -564,6 +577,7 @@ extern "C" fn on_sigsys(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mu
         Some(ThreadKind::Worker) => b"worker",
         Some(ThreadKind::Metrics) => b"metrics",
         Some(ThreadKind::Tune) => b"tuning",
+        Some(ThreadKind::Shares) => b"shares",
         None => b"daemon",
     });
     put(b"; stopping (--seccomp log lets the kernel log such calls instead)\n");
@@ -728,6 +742,7 @@ pub(crate) mod tests {
             ThreadKind::Worker,
             ThreadKind::Metrics,
             ThreadKind::Tune,
+            ThreadKind::Shares,
         ] {
             let a = allowed(kind);
             for nr in [
@@ -776,6 +791,7 @@ pub(crate) mod tests {
             ThreadKind::Worker,
             ThreadKind::Metrics,
             ThreadKind::Tune,
+            ThreadKind::Shares,
         ] {
             let (sock, file, write_ok) = under_filter(kind, || {
                 let sock = socket_errno();
@@ -975,9 +991,40 @@ pub(crate) mod tests {
         }
     }
 
+    /// The share allocator stats the disks it already holds open and does
+    /// what the tuner does: no reads, no sockets' or memfds' calls, nothing
+    /// of the control threads' conversation with a frontend.
+    #[test]
+    fn the_share_allocator_may_only_stat_beyond_the_common_set() {
+        let a = allowed(ThreadKind::Shares);
+        let mut extra: Vec<_> = a.iter().filter(|nr| !COMMON.contains(nr)).collect();
+        extra.sort_unstable();
+        let mut want = vec![&libc::SYS_statx, &libc::SYS_fstat, &libc::SYS_newfstatat];
+        want.sort_unstable();
+        assert_eq!(extra, want);
+        for nr in [
+            libc::SYS_read,
+            libc::SYS_recvmsg,
+            libc::SYS_accept4,
+            libc::SYS_memfd_create,
+            libc::SYS_ftruncate,
+        ] {
+            assert!(!a.contains(&nr), "{nr}");
+        }
+        // The call it makes works under its filter.
+        let f = std::fs::File::open("/proc/self/status").unwrap();
+        let len = under_filter(ThreadKind::Shares, move || f.metadata().is_ok());
+        assert!(len);
+    }
+
     #[test]
     fn only_iothreads_may_start_threads() {
-        for kind in [ThreadKind::Control, ThreadKind::Worker, ThreadKind::Tune] {
+        for kind in [
+            ThreadKind::Control,
+            ThreadKind::Worker,
+            ThreadKind::Tune,
+            ThreadKind::Shares,
+        ] {
             assert!(!allowed(kind).contains(&libc::SYS_clone3), "{kind:?}");
             assert!(!allowed(kind).contains(&libc::SYS_clone), "{kind:?}");
         }

@@ -41,7 +41,7 @@ use log::{error, info};
 
 use super::{DaemonState, ExportLimits, ExportRunner};
 use crate::block::Disk;
-use crate::clock::clock_ns;
+use crate::clock::monotonic_ns;
 use crate::iothread::Command;
 use crate::metrics::{ShareBoard, ShareReading};
 use crate::qos::shares::{Interval, Share, ShareAllocator, ShareInput, TICK_NS};
@@ -77,9 +77,7 @@ impl Shares {
         let j = std::thread::Builder::new()
             .name("vqblk-shares".into())
             .spawn(move || {
-                // It reads counters, stats image files and writes atomics:
-                // the export control threads' filter allows all of it.
-                if let Err(e) = crate::seccomp::apply(ThreadKind::Control, seccomp) {
+                if let Err(e) = crate::seccomp::apply(ThreadKind::Shares, seccomp) {
                     error!("{e}: the share allocator runs without a filter");
                 }
                 run(&state, &rx, &board);
@@ -236,7 +234,7 @@ fn run(state: &Weak<DaemonState>, stop: &mpsc::Receiver<()>, board: &ShareBoard)
             }
         }
         devices.retain(|k, _| by_device.iter().any(|(d, _)| *d == k));
-        let now = clock_ns(libc::CLOCK_MONOTONIC);
+        let now = monotonic_ns();
         let mut reading = ShareReading::default();
         for (key, list) in &by_device {
             let alloc = devices.entry((*key).clone()).or_default();
