@@ -127,6 +127,19 @@ impl CellMerit {
         Some(self.auto.as_ref()?.mean / best)
     }
 
+    /// Whether `auto`'s gap to the best fixed count is within the noise of
+    /// the repeats: its highest repeat reaches the lowest of the best
+    /// count's (their ranges overlap), so the order of the two may be the
+    /// host's doing. None without both.
+    pub fn auto_within_noise(&self) -> Option<bool> {
+        let auto = self.auto.as_ref()?;
+        let best = match self.best_count()? {
+            0 => self.baseline.as_ref(),
+            k => self.iothreads.get(&k),
+        }?;
+        Some(auto.max >= best.min)
+    }
+
     /// The fixed count (0 = baseline) with the best throughput.
     pub fn best_count(&self) -> Option<u32> {
         let best = self.best?;
@@ -399,6 +412,24 @@ mod tests {
 
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() < 1e-9
+    }
+
+    #[test]
+    fn auto_within_the_noise_of_the_best_count() {
+        let with_auto = |auto: &[f64]| {
+            let mut m = samples(&[], &[100.0, 100.0], &[(2, &[190.0, 210.0])]);
+            m.insert(Setup::Auto, auto.to_vec());
+            cell_merit(&m, Options::default())
+        };
+        // 0.86x of the best's mean, but its best repeat reaches the best
+        // count's worst: the ranges overlap.
+        assert_eq!(with_auto(&[155.0, 190.0]).auto_within_noise(), Some(true));
+        assert_eq!(with_auto(&[150.0, 160.0]).auto_within_noise(), Some(false));
+        let none = cell_merit(
+            &samples(&[], &[100.0], &[(2, &[200.0])]),
+            Options::default(),
+        );
+        assert_eq!(none.auto_within_noise(), None);
     }
 
     #[test]

@@ -438,7 +438,7 @@ mod tests {
         assert_eq!(auto.rows.len(), 1, "only the cell auto was measured in");
         assert_eq!(auto.rows[0].0[4..8], ["190", "2", "200", "0.95"]);
         // Runs recorded without the controller's figures.
-        assert_eq!(auto.rows[0].0[11..], ["n/a", "n/a"]);
+        assert_eq!(auto.rows[0].0[11..], ["n/a", "n/a", "no"]);
         // With them: the IOThreads active at the end of the runs, and the
         // moves made during them.
         let mut s = s;
@@ -456,12 +456,38 @@ mod tests {
             });
         }
         let all = tables(&s);
-        assert_eq!(all.last().unwrap().rows[0].0[11..], ["1-2", "3"]);
+        assert_eq!(all.last().unwrap().rows[0].0[11..], ["1-2", "3", "no"]);
         let md = markdown(&s);
         assert!(
             md.contains("| 2k | randread | 1 | 1 | 100 | 200 | 190 | 200 |"),
             "{md}"
         );
         assert!(csv(&s).lines().next().unwrap().contains("auto_mb_s"));
+    }
+
+    /// A cell where `auto` falls short of the threshold but its repeats
+    /// overlap the best count's is said to be within the noise, in the
+    /// table and in `recommend`'s reasoning.
+    #[test]
+    fn a_shortfall_within_the_repeats_noise_is_told_apart() {
+        let s = study(&[
+            (Op::Randread, 1, Setup::Baseline, &[100.0, 100.0]),
+            (Op::Randread, 1, Setup::IoThreads(2), &[180.0, 220.0]),
+            (Op::Randread, 1, Setup::Auto, &[150.0, 185.0]),
+            (Op::Write, 1, Setup::Baseline, &[100.0, 100.0]),
+            (Op::Write, 1, Setup::IoThreads(2), &[200.0, 200.0]),
+            (Op::Write, 1, Setup::Auto, &[150.0, 150.0]),
+        ]);
+        let all = tables(&s);
+        let auto = all.last().unwrap();
+        let noise: Vec<&str> = auto.rows.iter().map(|r| r.0[13].as_str()).collect();
+        assert_eq!(noise, ["yes", "no"]);
+        let cells: Vec<_> = s.merits.iter().map(|(c, m)| (*c, m)).collect();
+        let d = crate::merit::decide(&cells, 0.9);
+        let text = crate::recommend::reasoning(&s, &cells, &d, 0.9);
+        assert!(
+            text.contains("in 0 of 2 cells, and in 1 more its repeats overlap the best count's"),
+            "{text}"
+        );
     }
 }

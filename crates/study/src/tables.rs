@@ -202,12 +202,14 @@ pub fn auto_table(study: &Study) -> Table {
         "CPU ratio",
         "IOThreads active (auto)",
         "moves (auto)",
+        "within noise",
     ]
     .iter()
     .map(|s| s.to_string())
     .collect();
     let mut numeric = vec![false, false];
     numeric.extend([true; 11]);
+    numeric.push(false);
     let mut rows = Vec::new();
     for (cell, m) in &study.merits {
         let Some(auto) = &m.auto else { continue };
@@ -241,17 +243,23 @@ pub fn auto_table(study: &Study) -> Table {
             false,
         ));
         let (active, moves) = tune_summary(study, cell);
-        rows.last_mut()
-            .expect("just pushed")
-            .0
-            .extend([active, moves]);
+        rows.last_mut().expect("just pushed").0.extend([
+            active,
+            moves,
+            match m.auto_within_noise() {
+                Some(true) => "yes".into(),
+                Some(false) => "no".into(),
+                None => NA.into(),
+            },
+        ]);
     }
     Table {
         title: "auto against the best fixed IOThread count".into(),
         note: "Throughput (MB/s) of `--iothreads auto` and of the cell's best fixed count \
                (0 = baseline), their ratio, and the server's CPU time per request of each; \
-               the IOThreads `auto` had active at the end of its runs (lowest-highest) and \
-               the queue moves it made during them."
+               the IOThreads `auto` had active at the end of its runs (lowest-highest), \
+               the queue moves it made during them, and whether its repeats overlap the \
+               best count's (yes: the gap is within the noise of this host)."
             .into(),
         header,
         numeric,
