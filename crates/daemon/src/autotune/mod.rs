@@ -30,7 +30,8 @@
 //!    never asleep) with several busy queues is not saturated by its load,
 //!    yet its queues may be waiting on each other: once confirmed, a parked
 //!    thread takes about half of them, and the move is kept only if their
-//!    request rate grows by `probe_gain` over the ticks after it settles;
+//!    request rate grows by `probe_gain` (the lowest tick after it settles
+//!    over the highest tick that confirmed it);
 //!    otherwise it is reverted and not tried again for those queues while
 //!    their rate stays within `probe_band` (for `probe_retry_ms`). The
 //!    threads of a probe that paid are not parked while the rate holds.
@@ -206,7 +207,9 @@ pub struct Params {
     /// saturated is probed: it never sleeps, so its queues may be waiting on
     /// each other rather than on the guest or the disk.
     pub probe_awake: f64,
-    /// Least growth of the queues' request rate that keeps a probe.
+    /// Least growth of the queues' request rate that keeps a probe: the
+    /// lowest tick after it over the highest tick that confirmed it, so
+    /// that the gain shows above the ticks' own noise.
     pub probe_gain: f64,
     /// Ticks after the settle time over which a probe's rate is measured.
     pub probe_ticks: u32,
@@ -274,10 +277,10 @@ enum Stage {
         to: usize,
         /// The queues moved.
         moved: Vec<QueueId>,
-        /// Their rate at the tick that confirmed the probe.
+        /// Their highest rate over the ticks that confirmed the probe.
         before: f64,
-        /// Sum of their rates over `ticks` ticks since the settle time.
-        sum: f64,
+        /// Their lowest rate over `ticks` ticks since the settle time.
+        low: f64,
         ticks: u32,
     },
     /// It paid: neither thread is parked while the queues keep this rate.
@@ -297,6 +300,9 @@ pub struct AutoTune {
     /// No decision before this time, ms.
     settle_until: u64,
     streaks: Streaks,
+    /// The highest rate of the busy queues over the ticks of the probe
+    /// streak.
+    probe_before: f64,
     /// The last probe, while its verdict holds.
     probe: Option<Probe>,
 }
@@ -352,6 +358,7 @@ impl AutoTune {
             last_move: HashMap::new(),
             settle_until: 0,
             streaks: Streaks::default(),
+            probe_before: 0.0,
             probe: None,
         }
     }
@@ -765,17 +772,17 @@ impl AutoTune {
                 to,
                 moved,
                 before,
-                sum,
+                low,
                 ticks,
             } => {
-                *sum += rate;
+                *low = if *ticks == 0 { rate } else { low.min(rate) };
                 *ticks += 1;
                 if *ticks < p.probe_ticks {
                     out = Some(Vec::new());
-                } else if *sum / *ticks as f64 >= *before * (1.0 + p.probe_gain) {
+                } else if *low >= *before * (1.0 + p.probe_gain) {
                     probe.stage = Stage::Kept {
                         threads: [*from, *to],
-                        rate: *sum / *ticks as f64,
+                        rate: *low,
                     };
                 } else {
                     let (from, to) = (*from, *to);
@@ -860,14 +867,20 @@ impl AutoTune {
             .filter(|(_, _, ids)| !blocked(ids))
         else {
             self.streaks.probe = 0;
+            self.probe_before = 0.0;
             return Vec::new();
+        };
+        let rate = busy.iter().map(|&i| s.queues[i].rate).sum::<f64>();
+        self.probe_before = if self.streaks.probe == 0 {
+            rate
+        } else {
+            self.probe_before.max(rate)
         };
         self.streaks.probe += 1;
         if self.streaks.probe < p.confirm_hot {
             return Vec::new();
         }
-        // The last tick's: the first of the streak may have begun idle.
-        let before = busy.iter().map(|&i| s.queues[i].rate).sum::<f64>();
+        let before = self.probe_before;
         let to = parked.expect("a candidate needs a parked thread");
         let Some(group) = self.split(v, h, 1).into_iter().next() else {
             return Vec::new();
@@ -883,7 +896,7 @@ impl AutoTune {
                 to,
                 moved: out.iter().map(|d| d.queue).collect(),
                 before,
-                sum: 0.0,
+                low: 0.0,
                 ticks: 0,
             },
         });

@@ -432,3 +432,27 @@ fn no_probe_without_two_busy_queues_a_sleepless_thread_or_room() {
     let busy = two_busy(50_000.0, 60_000.0);
     assert!(tick(&mut p, 2, &mut [0; 4], (0, 60), busy).is_empty());
 }
+
+/// A probe is kept only for a gain above the noise of the ticks before it:
+/// its lowest tick after the settle time against the highest tick that
+/// confirmed it, not a single tick's rate against another's.
+#[test]
+fn a_probe_is_judged_against_the_noise_of_the_ticks_before_it() {
+    let mut p = AutoTune::new(Params::default());
+    let mut owners = [0, 0, 0, 0];
+    // Two busy queues; the confirming ticks do 120K and then 100K.
+    let per_tick = [60_000.0, 50_000.0, 56_000.0, 56_000.0, 56_000.0];
+    let mut log = Vec::new();
+    for (t, &each) in per_tick.iter().enumerate() {
+        let rates = [each, each, 0.0, 0.0];
+        for d in p.decide(&awake_sample(t as u64 * 1000, 2, &owners, &rates)) {
+            owners[d.queue.1 as usize] = d.to;
+            log.push((t, d.reason));
+        }
+    }
+    // Probed at the second tick; 112K after it is 12% over the last tick
+    // before it but under the highest: undone.
+    assert_eq!(log.first(), Some(&(1, Reason::Probe)), "{log:?}");
+    assert!(log.contains(&(4, Reason::Revert)), "{log:?}");
+    assert_eq!(owners, [0; 4]);
+}
