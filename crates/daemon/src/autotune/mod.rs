@@ -378,19 +378,24 @@ impl AutoTune {
             self.streaks = Streaks::default();
             return Vec::new();
         }
-        let mut out = match self.probe_verdict(&mut v) {
+        let out = match self.probe_verdict(&mut v) {
+            // A probe being measured, or undone, takes the tick: nothing
+            // else moves, so that the rate it sees is its own doing.
             Some(d) => d,
-            None => self.budget(&mut v),
+            None => {
+                let mut out = self.budget(&mut v);
+                if out.is_empty() {
+                    out = self.balance_or_activate(&mut v);
+                }
+                if out.is_empty() {
+                    out = self.start_probe(&mut v);
+                }
+                if out.is_empty() {
+                    out = self.park(&mut v);
+                }
+                out
+            }
         };
-        if out.is_empty() && !self.probe_running() {
-            out = self.balance_or_activate(&mut v);
-            if out.is_empty() {
-                out = self.start_probe(&mut v);
-            }
-            if out.is_empty() {
-                out = self.park(&mut v);
-            }
-        }
         if !out.is_empty() {
             self.streaks = Streaks::default();
             self.settle_until = s.now_ms + p.settle_ms;
@@ -743,22 +748,10 @@ impl AutoTune {
             .collect()
     }
 
-    /// Whether a probe is being measured (no other rule moves anything
-    /// meanwhile, so that the rate it sees is the probe's doing).
-    fn probe_running(&self) -> bool {
-        matches!(
-            self.probe,
-            Some(Probe {
-                stage: Stage::Running { .. },
-                ..
-            })
-        )
-    }
-
     /// Carries a probe on: measures a running one and gives its verdict
-    /// (Some: the moves that undo it, or none while it is measured; None: go
-    /// on with the other rules), and forgets a verdict whose queues' rate
-    /// left the band it was measured at (the workload changed).
+    /// (Some while it runs: none, or the moves that undo it; None: the other
+    /// rules decide), and forgets a verdict whose queues' rate left the band
+    /// it was measured at (the workload changed).
     fn probe_verdict(&mut self, v: &mut View) -> Option<Vec<Decision>> {
         let p = self.params;
         let now = v.sample.now_ms;
@@ -858,19 +851,20 @@ impl AutoTune {
             }) => queues == ids,
             Some(_) => true,
         };
-        let Some((h, busy, ids)) = candidate
+        let Some((h, ids)) = candidate
             .map(|(h, busy)| {
                 let mut ids: Vec<QueueId> = busy.iter().map(|&i| s.queues[i].id).collect();
                 ids.sort_unstable();
-                (h, busy, ids)
+                (h, ids)
             })
-            .filter(|(_, _, ids)| !blocked(ids))
+            .filter(|(_, ids)| !blocked(ids))
         else {
             self.streaks.probe = 0;
             self.probe_before = 0.0;
             return Vec::new();
         };
-        let rate = busy.iter().map(|&i| s.queues[i].rate).sum::<f64>();
+        // Measured as the verdict measures it.
+        let rate = rate_of(s, &ids);
         self.probe_before = if self.streaks.probe == 0 {
             rate
         } else {
