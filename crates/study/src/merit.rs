@@ -133,11 +133,16 @@ impl CellMerit {
     /// host's doing. None without both.
     pub fn auto_within_noise(&self) -> Option<bool> {
         let auto = self.auto.as_ref()?;
-        let best = match self.best_count()? {
-            0 => self.baseline.as_ref(),
-            k => self.iothreads.get(&k),
-        }?;
+        let best = self.measure(self.best_setup()?)?;
         Some(auto.max >= best.min)
+    }
+
+    /// The column of [`Self::best_count`]: the baseline for 0.
+    pub fn best_setup(&self) -> Option<Setup> {
+        self.best_count().map(|k| match k {
+            0 => Setup::Baseline,
+            k => Setup::IoThreads(k),
+        })
     }
 
     /// The fixed count (0 = baseline) with the best throughput.

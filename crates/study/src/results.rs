@@ -165,8 +165,9 @@ pub struct Run {
 }
 
 /// The counters of a vqblk server's IOThreads over one run, summed over its
-/// IOThreads (`query-iothreads` before and after it): how its threads
-/// waited for work.
+/// IOThreads (the bench's `vqblk.server_iothreads`: the server's stats file
+/// before and after the run, `--server-stats`): how its threads waited for
+/// work.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct IoThreadCounters {
     /// Event-loop passes.
@@ -179,8 +180,8 @@ pub struct IoThreadCounters {
     pub naps: u64,
     /// Polling windows that caught their event.
     pub poll_hits: u64,
-    /// The largest nap lateness an active IOThread measured (the price of a
-    /// sleep its policy weighs), at the end of the run.
+    /// The largest nap lateness measured by an IOThread that served requests
+    /// during the run (the price of a sleep its policy weighs), at its end.
     pub nap_late_ns: u64,
 }
 

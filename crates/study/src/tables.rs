@@ -214,12 +214,8 @@ pub fn auto_table(study: &Study) -> Table {
     for (cell, m) in &study.merits {
         let Some(auto) = &m.auto else { continue };
         let best_count = m.best_count();
-        let best_setup = best_count.map(|k| match k {
-            0 => Setup::Baseline,
-            k => Setup::IoThreads(k),
-        });
         let cpu_auto = cpu_us_per_io(study, cell, Setup::Auto);
-        let cpu_best = best_setup.and_then(|s| cpu_us_per_io(study, cell, s));
+        let cpu_best = m.best_setup().and_then(|s| cpu_us_per_io(study, cell, s));
         let us = |v: Option<f64>| v.map(|v| format!("{v:.1}")).unwrap_or_else(|| NA.into());
         rows.push((
             vec![
