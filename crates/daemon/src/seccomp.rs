@@ -673,6 +673,14 @@ pub(crate) mod tests {
         .unwrap()
     }
 
+    /// Every kind but the control socket's thread, the one that may open
+    /// images and create sockets.
+    fn all_but_rpc() -> impl Iterator<Item = ThreadKind> {
+        ThreadKind::ALL
+            .into_iter()
+            .filter(|&k| k != ThreadKind::Rpc)
+    }
+
     fn socket_errno() -> i32 {
         // SAFETY: socket(2) with constant arguments; the fd, if any, is closed at once.
         let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) };
@@ -736,14 +744,7 @@ pub(crate) mod tests {
 
     #[test]
     fn no_thread_kind_may_open_files_sockets_or_exec() {
-        for kind in [
-            ThreadKind::Control,
-            ThreadKind::IoThread,
-            ThreadKind::Worker,
-            ThreadKind::Metrics,
-            ThreadKind::Tune,
-            ThreadKind::Shares,
-        ] {
+        for kind in all_but_rpc() {
             let a = allowed(kind);
             for nr in [
                 libc::SYS_socket,
@@ -785,14 +786,7 @@ pub(crate) mod tests {
 
     #[test]
     fn a_forbidden_call_is_refused_and_allowed_ones_still_work() {
-        for kind in [
-            ThreadKind::Control,
-            ThreadKind::IoThread,
-            ThreadKind::Worker,
-            ThreadKind::Metrics,
-            ThreadKind::Tune,
-            ThreadKind::Shares,
-        ] {
+        for kind in all_but_rpc() {
             let (sock, file, write_ok) = under_filter(kind, || {
                 let sock = socket_errno();
                 let file = std::fs::File::open("/proc/self/status")
