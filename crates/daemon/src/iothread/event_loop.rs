@@ -37,7 +37,7 @@ pub(super) const TOKEN_THROTTLE: u64 = 2;
 const TOKEN_KICK_BASE: u64 = 16;
 
 /// Policy source index of the backend completions.
-const SOURCE_COMPLETIONS: usize = 0;
+const SOURCE_COMPLETIONS: usize = crate::poll::DEVICE_SOURCE;
 
 /// How the control plane reaches an IOThread.
 pub(super) struct Channels {

@@ -332,6 +332,11 @@ impl Adaptive {
         changed
     }
 
+    /// Whether the coming wait follows a pass that answered a guest.
+    pub(super) fn after_answer(&self) -> bool {
+        self.after == After::Answer
+    }
+
     /// The gate of the coming wait.
     fn gate(&self) -> &Gate {
         &self.gates[self.after as usize]

@@ -83,6 +83,13 @@ pub const MIN_NAP_SAVING_NS: u64 = 2_000;
 /// nap (arming the timer, the context switches, the interrupt).
 pub const DEFAULT_NAP_CPU_NS: u64 = 5_000;
 
+/// The policy's source of the backend's completions (the io_uring ring, RBD,
+/// the null backend's latency timer); sources 1.. are the virtqueues. Its
+/// rhythm is the device's latency, the one that follows the thread's own
+/// submissions: a nap may plan for it where its gaps scatter beyond a
+/// bounded spin ([`PollPolicy::nap_at`]).
+pub const DEVICE_SOURCE: usize = 0;
+
 /// Inter-arrival times longer than this are idle periods, not a rhythm to nap
 /// through; a source silent for longer is not expected soon.
 pub const NAP_HORIZON_NS: u64 = 1_000_000;
@@ -364,7 +371,12 @@ impl PollPolicy {
     /// ([`PollPolicy::nap_late_ns`]) before the earliest of these, as the kernel's
     /// blk-mq hybrid polling sleeps through the first part of a request's expected
     /// latency. Any recently active source without an estimate yet, or one already
-    /// due, means no nap. A nap of `n` ns lasts about `n + late` and costs the
+    /// due, means no nap, and so does a wait after a pass that answered a guest
+    /// (its driver's next requests are due within microseconds, rule 3). A
+    /// source whose gaps scatter too widely for the spin after the nap is not
+    /// planned for, except the device's completions ([`DEVICE_SOURCE`]) where a
+    /// longer spin costs at most three quarters of their gap (`nap.rs`). A nap of `n` ns
+    /// lasts about `n + late` and costs the
     /// thread [`Self::nap_cpu_ns`] of CPU, where spinning would cost `n + late`: it
     /// is taken only if that saves at least [`MIN_NAP_SAVING_NS`] and a quarter of
     /// its length. Unlike the window, a nap may reach past `poll-max-ns` (it burns
@@ -372,7 +384,7 @@ impl PollPolicy {
     /// mode never naps, nor does `poll-max-ns=0`.
     pub fn nap_at(&self, now_ns: u64) -> u64 {
         match &self.algo {
-            Algorithm::Adaptive(a) if self.params.poll_max_ns != 0 => {
+            Algorithm::Adaptive(a) if self.params.poll_max_ns != 0 && !a.after_answer() => {
                 let (wakeup, max) = (self.wakeup_ns(), self.spin_max_ns());
                 nap::nap_at(a.rhythms(), &self.nap, wakeup, max, now_ns)
             }
@@ -382,7 +394,8 @@ impl PollPolicy {
 
     /// After a nap, how long to spin for the event that the nap expected, in ns:
     /// the timer's lateness and the gaps' spread are already spent, so what is
-    /// left is the slack of the prediction, bounded by `poll-max-ns`.
+    /// left is the slack of the prediction, bounded by `poll-max-ns` except for
+    /// the device's completions (see [`Self::nap_at`]).
     pub fn nap_spin_ns(&self) -> u64 {
         let (wakeup, max) = (self.wakeup_ns(), self.spin_max_ns());
         match &self.algo {

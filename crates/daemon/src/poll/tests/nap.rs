@@ -148,9 +148,10 @@ fn nap_lateness_is_learnt_from_measured_naps() {
 
 #[test]
 fn no_nap_for_events_too_scattered_for_the_spin_after_it() {
+    // Naps end 60 us late, +- 5 (this VM's wake-up while loaded).
     let calibrated = |sources| {
         let mut p = PollPolicy::new(PollMode::Adaptive, PollParams::default(), sources);
-        p.set_nap_late(6_000, 500);
+        p.set_nap_late(50_000, 5_000);
         p.set_nap_cpu_ns(7_000);
         p
     };
@@ -164,19 +165,23 @@ fn no_nap_for_events_too_scattered_for_the_spin_after_it() {
         t
     };
     let mut p = calibrated(1);
-    let t = scattered(&mut p, 0, 200);
-    // 4 deviations (~320 us) do not fit in poll-max-ns (32 us): the nap
-    // would end in a 32 us spin in vain nearly every time.
+    let t = scattered(&mut p, DEVICE_SOURCE, 200);
+    // 4 deviations (~320 us) do not fit in poll-max-ns, and the spin of the
+    // device's long waits (60 + 3 x 80 us) would take more than three
+    // quarters of the gap: no nap.
     assert_eq!(p.nap_at(t + 1_000), 0);
-    // A steady source next to it is still napped for, and the spin after
-    // that nap is sized by the steady source, not stretched by the other.
+    // The same rhythm on a queue: no nap either, however cheap a wake-up.
     let mut p = calibrated(2);
-    let mut t = 1_000;
-    for k in 0..200u64 {
-        t += if k % 2 == 0 { 220_000 } else { 380_000 };
-        p.observe_events_at(t, &[0]);
-    }
-    // Source 1: every 60 us, steadily, up to just after source 0's last event.
+    p.set_nap_late(6_000, 500);
+    let t = scattered(&mut p, DEVICE_SOURCE + 1, 200);
+    assert_eq!(p.nap_at(t + 1_000), 0);
+    // A steady source next to a scattered queue is still napped for, and the
+    // spin after that nap is sized by the steady source, not stretched by
+    // the other.
+    let mut p = calibrated(3);
+    p.set_nap_late(6_000, 500);
+    let t = scattered(&mut p, 2, 200);
+    // Source 1: every 60 us, steadily, up to just after source 2's last event.
     let mut last = 0;
     for k in 0..200u64 {
         last = t - 200 * 60_000 + 2_000 + k * 60_000;
@@ -185,4 +190,73 @@ fn no_nap_for_events_too_scattered_for_the_spin_after_it() {
     let nap = p.nap_at(last + 1_000);
     assert!((50_000..=53_500).contains(&nap), "nap {nap}");
     assert!(p.nap_spin_ns() < 20_000, "spin {}", p.nap_spin_ns());
+}
+
+#[test]
+fn the_device_is_napped_for_through_a_long_scattered_wait() {
+    let calibrated = |sources| {
+        let mut p = PollPolicy::new(PollMode::Adaptive, PollParams::default(), sources);
+        p.set_nap_late(6_000, 500);
+        p.set_nap_cpu_ns(7_000);
+        p
+    };
+    // A disk behind a virtual controller at queue depth 16: a batch of
+    // completions every 350 us, +- 60 us (a deterministic spread).
+    let batches = |p: &mut PollPolicy, source: usize| {
+        let mut t = 1_000;
+        for k in 0..200u64 {
+            t += if k % 2 == 0 { 290_000 } else { 410_000 };
+            p.observe_events_at(t, &[source]);
+        }
+        t
+    };
+    let mut p = calibrated(2);
+    let t = batches(&mut p, DEVICE_SOURCE);
+    // 4 deviations do not fit in poll-max-ns, 2 do in half the gap: nap
+    // until one overshoot (7 us) before 350 - 2 x 60 = 230 us.
+    let nap = p.nap_at(t + 10_000);
+    assert!((205_000..=216_000).contains(&nap), "nap {nap}");
+    // Then spin for the overshoot and 3 deviations, past poll-max-ns.
+    let spin = p.nap_spin_ns();
+    assert!(
+        spin > PollParams::default().poll_max_ns && (180_000..=210_000).contains(&spin),
+        "spin {spin}"
+    );
+    // The same rhythm on a queue's kicks is not planned for.
+    let mut p = calibrated(2);
+    let t = batches(&mut p, DEVICE_SOURCE + 1);
+    assert_eq!(p.nap_at(t + 10_000), 0);
+    assert!(p.nap_spin_ns() <= PollParams::default().poll_max_ns);
+}
+
+#[test]
+fn no_nap_while_a_guest_answers() {
+    let mut p = PollPolicy::new(PollMode::Adaptive, PollParams::default(), 2);
+    p.set_nap_late(6_000, 500);
+    p.set_nap_cpu_ns(7_000);
+    // Completions every 80 us: a nap of ~70 us after each...
+    let mut t = 0;
+    for k in 1..=200u64 {
+        t = k * 80_000;
+        p.observe_events_at(t, &[DEVICE_SOURCE]);
+    }
+    // ...whatever queue 1's kicks do: they scatter too widely to plan for.
+    let mut kick = 0;
+    for k in 0u64.. {
+        kick += if k % 2 == 0 { 20_000 } else { 300_000 };
+        if kick + 320_000 > t {
+            break;
+        }
+        p.observe_events_at(kick, &[1]);
+    }
+    p.observe_answered([]);
+    assert!(p.nap_at(t + 1_000) > 60_000);
+    // ...but not right after the pass handed them to queue 1's guest: its
+    // next requests are due at once.
+    p.observe_answered([1]);
+    assert_eq!(p.nap_at(t + 1_000), 0);
+    // Its answer came: the next wait naps again.
+    p.observe_events_at(t + 3_000, &[1]);
+    p.observe_answered([]);
+    assert!(p.nap_at(t + 4_000) > 50_000, "{}", p.nap_at(t + 4_000));
 }
