@@ -371,11 +371,12 @@ impl PollPolicy {
     /// ([`PollPolicy::nap_late_ns`]) before the earliest of these, as the kernel's
     /// blk-mq hybrid polling sleeps through the first part of a request's expected
     /// latency. Any recently active source without an estimate yet, or one already
-    /// due, means no nap, and so does a wait after a pass that answered a guest
-    /// (its driver's next requests are due within microseconds, rule 3). A
-    /// source whose gaps scatter too widely for the spin after the nap is not
-    /// planned for, except the device's completions ([`DEVICE_SOURCE`]) where a
-    /// longer spin costs at most three quarters of their gap (`nap.rs`). A nap of `n` ns
+    /// due, means no nap. A source whose gaps scatter too widely for the spin
+    /// after the nap is not planned for, except the device's completions
+    /// ([`DEVICE_SOURCE`]) where a longer spin costs at most three quarters of
+    /// their gap (`nap.rs`); and after a pass that answered a guest, such a
+    /// queue means no nap (its driver's next requests may come within
+    /// microseconds, rule 3). A nap of `n` ns
     /// lasts about `n + late` and costs the
     /// thread [`Self::nap_cpu_ns`] of CPU, where spinning would cost `n + late`: it
     /// is taken only if that saves at least [`MIN_NAP_SAVING_NS`] and a quarter of
@@ -384,9 +385,10 @@ impl PollPolicy {
     /// mode never naps, nor does `poll-max-ns=0`.
     pub fn nap_at(&self, now_ns: u64) -> u64 {
         match &self.algo {
-            Algorithm::Adaptive(a) if self.params.poll_max_ns != 0 && !a.after_answer() => {
+            Algorithm::Adaptive(a) if self.params.poll_max_ns != 0 => {
                 let (wakeup, max) = (self.wakeup_ns(), self.spin_max_ns());
-                nap::nap_at(a.rhythms(), &self.nap, wakeup, max, now_ns)
+                let answered = a.after_answer();
+                nap::nap_at(a.rhythms(), &self.nap, wakeup, max, now_ns, answered)
             }
             _ => 0,
         }

@@ -10,8 +10,8 @@
 //! device's completions, whose gaps may scatter wider, are planned for with a
 //! spin of the overshoot plus 3 deviations beyond `poll-max-ns` if that spin is
 //! at most three quarters of their gap; any other source whose gaps scatter too widely for
-//! a bounded spin is not planned for (`Rhythm::spin_for`). No nap follows a pass
-//! that answered a guest: its driver's next requests are due at once. The
+//! a bounded spin is not planned for (`Rhythm::spin_for`). After a pass that
+//! answered a guest, such a queue may send its next requests at once: no nap. The
 //! overshoot and the thread CPU one nap costs are measured by the IOThread
 //! ([`NapTiming`]), not assumed; a nap must save [`MIN_NAP_SAVING_NS`] and a quarter
 //! of its length over spinning through the same time. Naps may reach past
@@ -175,13 +175,15 @@ impl NapTiming {
 }
 
 /// How long to nap from `now_ns` given the sources' rhythms, the device's
-/// first (0: do not nap); see [`super::PollPolicy::nap_at`].
+/// first (0: do not nap); `answered`: the pass before handed completions to
+/// a guest. See [`super::PollPolicy::nap_at`].
 pub(super) fn nap_at<'a>(
     rhythms: impl IntoIterator<Item = &'a Rhythm>,
     timing: &NapTiming,
     wakeup_ns: u64,
     poll_max_ns: u64,
     now_ns: u64,
+    answered: bool,
 ) -> u64 {
     let late = timing.late_ns(wakeup_ns);
     let mut earliest = u64::MAX;
@@ -192,7 +194,13 @@ pub(super) fn nap_at<'a>(
         if r.gap_ns == 0 {
             return 0;
         }
-        if r.spin_for(late, poll_max_ns, i == DEVICE_SOURCE).is_none() {
+        let device = i == DEVICE_SOURCE;
+        if r.spin_for(late, poll_max_ns, device).is_none() {
+            // A queue without a rhythm to plan for, just answered, may send
+            // its next requests at once.
+            if answered && !device {
+                return 0;
+            }
             continue;
         }
         let due = (r.last_at + r.gap_ns).saturating_sub(2 * r.gap_dev);

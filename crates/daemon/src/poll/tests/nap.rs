@@ -259,4 +259,17 @@ fn no_nap_while_a_guest_answers() {
     p.observe_events_at(t + 3_000, &[1]);
     p.observe_answered([]);
     assert!(p.nap_at(t + 4_000) > 50_000, "{}", p.nap_at(t + 4_000));
+    // A queue with a steady rhythm of its own (a client that thinks 600 us
+    // between requests at queue depth 1) is napped for after an answer too.
+    let mut p = PollPolicy::new(PollMode::Adaptive, PollParams::default(), 2);
+    p.set_nap_late(6_000, 500);
+    p.set_nap_cpu_ns(7_000);
+    let mut t = 0;
+    for k in 1..=200u64 {
+        t = k * 600_000;
+        p.observe_events_at(t, &[1]);
+    }
+    p.observe_answered([1]);
+    let nap = p.nap_at(t + 2_000);
+    assert!((585_000..=592_000).contains(&nap), "nap {nap}");
 }
