@@ -91,6 +91,14 @@ pub fn parse_stat_ticks(stat: &str) -> Option<(u64, u64)> {
     Some((utime, stime))
 }
 
+/// The CPU a thread last ran on (field 39, `processor`) of a
+/// `/proc/PID/task/TID/stat` line.
+fn parse_stat_processor(stat: &str) -> Option<u32> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // After ")": field 3 (state) is index 0, so processor (39) is index 36.
+    rest.split_whitespace().nth(36)?.parse().ok()
+}
+
 /// Sum of utime + stime over every thread of process `pid`, or an error naming what
 /// could not be read.
 pub fn server_times(pid: u32) -> Result<CpuTimes, String> {
@@ -133,6 +141,10 @@ pub struct ThreadCpu {
     /// schedstats). A thread that served slowly while using little CPU
     /// either slept or waited here.
     pub wait: Duration,
+    /// The CPU it last ran on when read (`processor` in its `stat`): where an
+    /// unpinned thread was placed, e.g. on the CPU that takes a disk's
+    /// interrupts.
+    pub last_cpu: Option<u32>,
 }
 
 /// The run delay (second field, ns) of a `schedstat` line.
@@ -174,6 +186,7 @@ pub fn server_thread_times(pid: u32) -> Vec<ThreadCpu> {
                 name: comm.trim_end().to_string(),
                 cpu: Duration::from_nanos((u + s).saturating_mul(1_000_000_000 / hz)),
                 wait,
+                last_cpu: parse_stat_processor(&stat),
             });
         }
     }
@@ -194,6 +207,7 @@ pub fn thread_delta(before: &[ThreadCpu], after: &[ThreadCpu]) -> Vec<ThreadCpu>
                 name: a.name.clone(),
                 cpu: a.cpu.saturating_sub(cpu),
                 wait: a.wait.saturating_sub(wait),
+                last_cpu: a.last_cpu,
             }
         })
         .collect()
@@ -208,6 +222,36 @@ mod tests {
         let line = "1234 (qemu (x) y) S 1 1234 1234 0 -1 4194560 100 0 0 0 57 43 0 0 20 0 4 0";
         assert_eq!(parse_stat_ticks(line), Some((57, 43)));
         assert_eq!(parse_stat_ticks("garbage"), None);
+    }
+
+    #[test]
+    fn the_cpu_a_thread_last_ran_on() {
+        // A real line (processor 1), with a comm that holds parentheses.
+        let line = "1927 (qemu (x) y) R 1925 1925 24920 0 -1 4194304 100 0 0 0 0 0 0 0 20 0 1 0 \
+                    8897099 3133440 396 18446744073709551615 93838017667072 93838017686953 \
+                    140737339026832 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0 93838017702960 \
+                    93838017704576 93838047064064 140737339034336 140737339034356 \
+                    140737339034356 140737339035627 0";
+        assert_eq!(parse_stat_processor(line), Some(1));
+        assert_eq!(parse_stat_processor("1 (x) S 1 2 3"), None);
+        // This thread, pinned: the CPU it runs on.
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let cpu = cpus - 1;
+        // SAFETY: a zeroed cpu_set_t is a valid empty set.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `cpu` is below the host's CPU count, within the set's bits.
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+        // SAFETY: the set outlives the call, whose size argument is its own.
+        let pinned = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) } == 0;
+        if pinned {
+            // SAFETY: gettid has no preconditions.
+            let tid = unsafe { libc::gettid() };
+            let me = server_thread_times(std::process::id())
+                .into_iter()
+                .find(|t| t.tid == tid as u32)
+                .expect("this thread is listed");
+            assert_eq!(me.last_cpu, Some(cpu as u32));
+        }
     }
 
     #[test]

@@ -286,8 +286,8 @@ fn vqblk_json(r: &Report) -> Value {
 /// The server's CPU time, in all and per thread, into the `vqblk` object.
 fn server_json(r: &Report, ios: u64, vq: &mut Value) {
     // Per server thread (for vqblk: each IOThread `vqblk-iotN`), threads
-    // that used CPU during the measured passes: CPU time, and time spent
-    // runnable waiting for a CPU.
+    // that used CPU during the measured passes: CPU time, time spent
+    // runnable waiting for a CPU, and the CPU it last ran on.
     vq["server_threads"] = Value::Array(
         r.server_threads
             .iter()
@@ -298,6 +298,7 @@ fn server_json(r: &Report, ios: u64, vq: &mut Value) {
                     "name": t.name,
                     "cpu_s": t.cpu.as_secs_f64(),
                     "wait_s": t.wait.as_secs_f64(),
+                    "last_cpu": t.last_cpu,
                     "cpu_per_io_us": per_io_us(t.cpu, ios),
                 })
             })

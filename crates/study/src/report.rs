@@ -352,6 +352,7 @@ mod tests {
                     time: String::new(),
                     server_threads: Default::default(),
                     server_threads_wait: Default::default(),
+                    server_threads_cpu: Default::default(),
                     tune: None,
                     iothread_counters: None,
                     argv: vec![],

@@ -156,6 +156,11 @@ pub struct Run {
     /// slowly on little CPU slept if this is small, was crowded out if not.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub server_threads_wait: BTreeMap<String, f64>,
+    /// The CPU each server thread last ran on when the run ended, by thread
+    /// name: where the scheduler put an unpinned IOThread (on this VM, CPU 1
+    /// takes the disk's interrupts).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub server_threads_cpu: BTreeMap<String, u32>,
     /// The `auto` column: what its controller did during the run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tune: Option<TuneDuring>,
@@ -429,6 +434,7 @@ mod tests {
             time: "2026-01-01T00:00:00Z".into(),
             server_threads: Default::default(),
             server_threads_wait: Default::default(),
+            server_threads_cpu: Default::default(),
             tune: None,
             iothread_counters: None,
             argv: vec![],

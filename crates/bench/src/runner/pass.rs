@@ -230,6 +230,7 @@ mod tests {
             name: format!("t{tid}"),
             cpu: Duration::from_millis(ms),
             wait: Duration::from_micros(ms * 500),
+            last_cpu: Some(tid % 2),
         }
     }
 

@@ -27,6 +27,9 @@ pub struct Measured {
     /// Seconds the server's threads were runnable but waited for a CPU, by
     /// thread name (those that waited at all).
     pub server_threads_wait: BTreeMap<String, f64>,
+    /// The CPU each server thread last ran on at the end of the run, by
+    /// thread name (of several threads of one name, the busiest).
+    pub server_threads_cpu: BTreeMap<String, u32>,
     /// The `auto` column: what its controller did during the run.
     pub tune: Option<TuneDuring>,
     /// vqblk's columns: what its IOThreads counted during the run.
@@ -80,6 +83,7 @@ pub fn parse_bench_json(text: &str, op: Op) -> anyhow::Result<Measured> {
     });
     let mut server_threads = BTreeMap::new();
     let mut server_threads_wait = BTreeMap::new();
+    let mut busiest: BTreeMap<String, (f64, u32)> = BTreeMap::new();
     for t in v["vqblk"]["server_threads"]
         .as_array()
         .into_iter()
@@ -94,7 +98,15 @@ pub fn parse_bench_json(text: &str, op: Op) -> anyhow::Result<Measured> {
         if let Some(wait) = t["wait_s"].as_f64().filter(|&w| w > 0.0) {
             *server_threads_wait.entry(name.to_string()).or_insert(0.0) += wait;
         }
+        if let Some(last) = t["last_cpu"].as_u64().and_then(|c| u32::try_from(c).ok()) {
+            let cpu = t["cpu_s"].as_f64().unwrap_or(0.0);
+            let e = busiest.entry(name.to_string()).or_insert((cpu, last));
+            if cpu > e.0 {
+                *e = (cpu, last);
+            }
+        }
     }
+    let server_threads_cpu = busiest.into_iter().map(|(n, (_, c))| (n, c)).collect();
     Ok(Measured {
         iops: d["iops"].as_f64().context("bench output: no iops")?,
         bw_bytes: d["bw_bytes"]
@@ -106,6 +118,7 @@ pub fn parse_bench_json(text: &str, op: Op) -> anyhow::Result<Measured> {
         elapsed_s,
         server_threads,
         server_threads_wait,
+        server_threads_cpu,
         tune: None,
         iothread_counters,
     })

@@ -457,6 +457,7 @@ impl<'a> Sweep<'a> {
             argv,
             server_threads: m.server_threads.clone(),
             server_threads_wait: m.server_threads_wait.clone(),
+            server_threads_cpu: m.server_threads_cpu.clone(),
             tune: m.tune.clone(),
             iothread_counters: m.iothread_counters.clone(),
         })))

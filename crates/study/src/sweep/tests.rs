@@ -282,10 +282,16 @@ fn bench_json_is_read() {
     // Per-thread CPU, threads of one name summed.
     let text = text.replace(
         r#""server_cpu_s":0.5"#,
-        r#""server_cpu_s":0.5,"server_threads":[{"tid":7,"name":"vqblk-iot0","cpu_s":0.25,"wait_s":0.5},
-            {"tid":8,"name":"vqblk-iot1","cpu_s":0.125,"wait_s":0.0},{"tid":9,"name":"vqblk-iot0","cpu_s":0.0625,"wait_s":0.25}]"#,
+        r#""server_cpu_s":0.5,"server_threads":[{"tid":7,"name":"vqblk-iot0","cpu_s":0.25,"wait_s":0.5,"last_cpu":1},
+            {"tid":8,"name":"vqblk-iot1","cpu_s":0.125,"wait_s":0.0,"last_cpu":0},{"tid":9,"name":"vqblk-iot0","cpu_s":0.0625,"wait_s":0.25,"last_cpu":0}]"#,
     );
     let m = parse_bench_json(&text, Op::Randread).unwrap();
+    let cpus: Vec<_> = m.server_threads_cpu.clone().into_iter().collect();
+    assert_eq!(
+        cpus,
+        [("vqblk-iot0".to_string(), 1), ("vqblk-iot1".to_string(), 0)],
+        "of two threads named alike, the busier's"
+    );
     let waits: Vec<_> = m.server_threads_wait.clone().into_iter().collect();
     assert_eq!(
         waits,
