@@ -68,6 +68,7 @@ fn study() -> Study {
                     time: "2026-01-01T00:00:00Z".into(),
                     server_threads: Default::default(),
                     server_threads_wait: Default::default(),
+                    server_threads_cpu: Default::default(),
                     tune: None,
                     iothread_counters: None,
                     argv: vec!["vqblk".into(), "bench".into()],

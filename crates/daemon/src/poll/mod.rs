@@ -376,11 +376,10 @@ impl PollPolicy {
     /// ([`DEVICE_SOURCE`]) where a longer spin costs at most three quarters of
     /// their gap (`nap.rs`); and after a pass that answered a guest, such a
     /// queue means no nap (its driver's next requests may come within
-    /// microseconds, rule 3). A nap of `n` ns
-    /// lasts about `n + late` and costs the
-    /// thread [`Self::nap_cpu_ns`] of CPU, where spinning would cost `n + late`: it
-    /// is taken only if that saves at least [`MIN_NAP_SAVING_NS`] and a quarter of
-    /// its length. Unlike the window, a nap may reach past `poll-max-ns` (it burns
+    /// microseconds, rule 3). A nap of `n` ns lasts about `n + late` and costs
+    /// the thread [`Self::nap_cpu_ns`] of CPU, where spinning would cost
+    /// `n + late`: it is taken only if that saves at least
+    /// [`MIN_NAP_SAVING_NS`] and a quarter of its length. Unlike the window, a nap may reach past `poll-max-ns` (it burns
     /// no CPU); the spin after it is bounded by [`Self::nap_spin_ns`]. Every other
     /// mode never naps, nor does `poll-max-ns=0`.
     pub fn nap_at(&self, now_ns: u64) -> u64 {

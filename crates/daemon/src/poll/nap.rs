@@ -8,10 +8,11 @@
 //! `last event + gap - 2 dev` among the active sources ([`nap_at`]), then spins for
 //! the overshoot plus 4 deviations, at most `poll-max-ns` ([`spin_ns`]). The
 //! device's completions, whose gaps may scatter wider, are planned for with a
-//! spin of the overshoot plus 3 deviations beyond `poll-max-ns` if that spin is
-//! at most three quarters of their gap; any other source whose gaps scatter too widely for
-//! a bounded spin is not planned for (`Rhythm::spin_for`). After a pass that
-//! answered a guest, such a queue may send its next requests at once: no nap. The
+//! spin of the overshoot plus 3 deviations beyond `poll-max-ns` if that spin
+//! is at most three quarters of their gap; any other source whose gaps scatter
+//! too widely for a bounded spin is not planned for (`Rhythm::spin_for`).
+//! After a pass that answered a guest, such a queue may send its next
+//! requests at once: no nap. The
 //! overshoot and the thread CPU one nap costs are measured by the IOThread
 //! ([`NapTiming`]), not assumed; a nap must save [`MIN_NAP_SAVING_NS`] and a quarter
 //! of its length over spinning through the same time. Naps may reach past
@@ -174,9 +175,10 @@ impl NapTiming {
     }
 }
 
-/// How long to nap from `now_ns` given the sources' rhythms, the device's
-/// first (0: do not nap); `answered`: the pass before handed completions to
-/// a guest. See [`super::PollPolicy::nap_at`].
+/// How long to nap from `now_ns` given the sources' rhythms, indexed as the
+/// policy's sources ([`DEVICE_SOURCE`] the device's), 0: do not nap;
+/// `answered`: the pass before handed completions to a guest. See
+/// [`super::PollPolicy::nap_at`].
 pub(super) fn nap_at<'a>(
     rhythms: impl IntoIterator<Item = &'a Rhythm>,
     timing: &NapTiming,
@@ -221,8 +223,8 @@ pub(super) fn nap_at<'a>(
     }
 }
 
-/// How long to spin after a nap, the device's rhythm first; see
-/// [`super::PollPolicy::nap_spin_ns`].
+/// How long to spin after a nap, given the rhythms indexed as in
+/// [`nap_at`]; see [`super::PollPolicy::nap_spin_ns`].
 pub(super) fn spin_ns<'a>(
     rhythms: impl IntoIterator<Item = &'a Rhythm>,
     timing: &NapTiming,
