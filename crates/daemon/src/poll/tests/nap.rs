@@ -3,15 +3,30 @@
 use super::*;
 use crate::poll::nap::NAP_SAMPLE_CAP_NS;
 
+/// An adaptive policy over `sources` whose naps were measured `late` ns late,
+/// +- `dev`, at 7 us of CPU each.
+fn calibrated(sources: usize, late: u64, dev: u64) -> PollPolicy {
+    let mut p = PollPolicy::new(PollMode::Adaptive, PollParams::default(), sources);
+    p.set_nap_late(late, dev);
+    p.set_nap_cpu_ns(7_000);
+    p
+}
+
+/// `n` events of `source`, from 1 us on, their gaps alternately `a` and `b`
+/// ns (a mean of `(a + b) / 2`, a deviation of `|b - a| / 2`); the last one's
+/// time.
+fn alternating(p: &mut PollPolicy, source: usize, a: u64, b: u64, n: u64) -> u64 {
+    let mut t = 1_000;
+    for k in 0..n {
+        t += if k % 2 == 0 { a } else { b };
+        p.observe_events_at(t, &[source]);
+    }
+    t
+}
+
 #[test]
 fn adaptive_naps_only_when_events_are_predictably_late() {
     // Measured on the host: naps end 6 us late, +- 0.5, and cost 7 us of CPU.
-    let calibrated = |sources| {
-        let mut p = PollPolicy::new(PollMode::Adaptive, PollParams::default(), sources);
-        p.set_nap_late(6_000, 500);
-        p.set_nap_cpu_ns(7_000);
-        p
-    };
     // A source with an event every `gap` ns, the last one at `t`.
     let rhythm = |p: &mut PollPolicy, source: usize, start: u64, gap: u64, n: u64| {
         for k in 0..n {
@@ -21,7 +36,7 @@ fn adaptive_naps_only_when_events_are_predictably_late() {
     };
     // Steady 30 us gaps (a device's latency), 2 us after the last event: nap
     // until one overshoot (7 us) before the next: 30 - 2 - 7 = 21 us.
-    let mut p = calibrated(1);
+    let mut p = calibrated(1, 6_000, 500);
     let t = rhythm(&mut p, 0, 1_000, 30_000, 200);
     let nap = p.nap_at(t + 2_000);
     assert!((20_000..=21_500).contains(&nap), "nap {nap}");
@@ -35,18 +50,18 @@ fn adaptive_naps_only_when_events_are_predictably_late() {
     );
     // Gaps beyond poll-max-ns (an 80 us device): the nap reaches past it,
     // which the window never does.
-    let mut p = calibrated(1);
+    let mut p = calibrated(1, 6_000, 500);
     let t = rhythm(&mut p, 0, 1_000, 80_000, 200);
     let nap = p.nap_at(t);
     assert!((72_000..=73_500).contains(&nap), "nap {nap}");
     assert!(p.nap_spin_ns() <= PollParams::default().poll_max_ns);
     // Steady 10 us gaps: a 2-3 us nap would save too little for the risk.
-    let mut p = calibrated(1);
+    let mut p = calibrated(1, 6_000, 500);
     let t = rhythm(&mut p, 0, 1_000, 10_000, 200);
     assert_eq!(p.nap_at(t), 0);
     // Two sources: the earliest expected event bounds the nap. Completions
     // every 60 us; kicks every 60 us, 10 us after each completion.
-    let mut p = calibrated(2);
+    let mut p = calibrated(2, 6_000, 500);
     for k in 0..99u64 {
         p.observe_events_at(1_000 + k * 60_000, &[0]);
         p.observe_events_at(11_000 + k * 60_000, &[1]);
@@ -60,13 +75,13 @@ fn adaptive_naps_only_when_events_are_predictably_late() {
     let nap = p.nap_at(last_completion + 11_000);
     assert!((41_000..=43_000).contains(&nap), "nap {nap}");
     // A source active but without an estimate yet: no nap.
-    let mut p = calibrated(2);
+    let mut p = calibrated(2, 6_000, 500);
     let t = rhythm(&mut p, 0, 1_000, 30_000, 50);
     p.observe_events_at(t + 1_000, &[1]);
     assert_eq!(p.nap_at(t + 2_000), 0);
     // A source silent for longer than the horizon no longer counts, and a
     // gap that long is not learnt.
-    let mut p = calibrated(2);
+    let mut p = calibrated(2, 6_000, 500);
     let t = rhythm(&mut p, 0, 1_000, 30_000, 50);
     let t2 = rhythm(&mut p, 1, t + 10 * NAP_HORIZON_NS, 40_000, 50);
     assert!(p.nap_at(t2 + 1_000) > 20_000);
@@ -149,37 +164,23 @@ fn nap_lateness_is_learnt_from_measured_naps() {
 #[test]
 fn no_nap_for_events_too_scattered_for_the_spin_after_it() {
     // Naps end 60 us late, +- 5 (this VM's wake-up while loaded).
-    let calibrated = |sources| {
-        let mut p = PollPolicy::new(PollMode::Adaptive, PollParams::default(), sources);
-        p.set_nap_late(50_000, 5_000);
-        p.set_nap_cpu_ns(7_000);
-        p
-    };
     // RBD-like completions: 300 us apart, +- 80 us (a deterministic spread).
-    let scattered = |p: &mut PollPolicy, source: usize, n: u64| {
-        let mut t = 1_000;
-        for k in 0..n {
-            t += if k % 2 == 0 { 220_000 } else { 380_000 };
-            p.observe_events_at(t, &[source]);
-        }
-        t
-    };
-    let mut p = calibrated(1);
+    let scattered =
+        |p: &mut PollPolicy, source: usize, n: u64| alternating(p, source, 220_000, 380_000, n);
+    let mut p = calibrated(1, 50_000, 5_000);
     let t = scattered(&mut p, DEVICE_SOURCE, 200);
     // 4 deviations (~320 us) do not fit in poll-max-ns, and the spin of the
     // device's long waits (60 + 3 x 80 us) would take more than three
     // quarters of the gap: no nap.
     assert_eq!(p.nap_at(t + 1_000), 0);
     // The same rhythm on a queue: no nap either, however cheap a wake-up.
-    let mut p = calibrated(2);
-    p.set_nap_late(6_000, 500);
+    let mut p = calibrated(2, 6_000, 500);
     let t = scattered(&mut p, DEVICE_SOURCE + 1, 200);
     assert_eq!(p.nap_at(t + 1_000), 0);
     // A steady source next to a scattered queue is still napped for, and the
     // spin after that nap is sized by the steady source, not stretched by
     // the other.
-    let mut p = calibrated(3);
-    p.set_nap_late(6_000, 500);
+    let mut p = calibrated(3, 6_000, 500);
     let t = scattered(&mut p, 2, 200);
     // Source 1: every 60 us, steadily, up to just after source 2's last event.
     let mut last = 0;
@@ -194,23 +195,10 @@ fn no_nap_for_events_too_scattered_for_the_spin_after_it() {
 
 #[test]
 fn the_device_is_napped_for_through_a_long_scattered_wait() {
-    let calibrated = |sources| {
-        let mut p = PollPolicy::new(PollMode::Adaptive, PollParams::default(), sources);
-        p.set_nap_late(6_000, 500);
-        p.set_nap_cpu_ns(7_000);
-        p
-    };
     // A disk behind a virtual controller at queue depth 16: a batch of
     // completions every 350 us, +- 60 us (a deterministic spread).
-    let batches = |p: &mut PollPolicy, source: usize| {
-        let mut t = 1_000;
-        for k in 0..200u64 {
-            t += if k % 2 == 0 { 290_000 } else { 410_000 };
-            p.observe_events_at(t, &[source]);
-        }
-        t
-    };
-    let mut p = calibrated(2);
+    let batches = |p: &mut PollPolicy, source: usize| alternating(p, source, 290_000, 410_000, 200);
+    let mut p = calibrated(2, 6_000, 500);
     let t = batches(&mut p, DEVICE_SOURCE);
     // 4 deviations do not fit in poll-max-ns, 2 do in half the gap: nap
     // until one overshoot (7 us) before 350 - 2 x 60 = 230 us.
@@ -223,7 +211,7 @@ fn the_device_is_napped_for_through_a_long_scattered_wait() {
         "spin {spin}"
     );
     // The same rhythm on a queue's kicks is not planned for.
-    let mut p = calibrated(2);
+    let mut p = calibrated(2, 6_000, 500);
     let t = batches(&mut p, DEVICE_SOURCE + 1);
     assert_eq!(p.nap_at(t + 10_000), 0);
     assert!(p.nap_spin_ns() <= PollParams::default().poll_max_ns);
@@ -231,9 +219,7 @@ fn the_device_is_napped_for_through_a_long_scattered_wait() {
 
 #[test]
 fn no_nap_while_a_guest_answers() {
-    let mut p = PollPolicy::new(PollMode::Adaptive, PollParams::default(), 2);
-    p.set_nap_late(6_000, 500);
-    p.set_nap_cpu_ns(7_000);
+    let mut p = calibrated(2, 6_000, 500);
     // Completions every 80 us: a nap of ~70 us after each...
     let mut t = 0;
     for k in 1..=200u64 {
@@ -261,9 +247,7 @@ fn no_nap_while_a_guest_answers() {
     assert!(p.nap_at(t + 4_000) > 50_000, "{}", p.nap_at(t + 4_000));
     // A queue with a steady rhythm of its own (a client that thinks 600 us
     // between requests at queue depth 1) is napped for after an answer too.
-    let mut p = PollPolicy::new(PollMode::Adaptive, PollParams::default(), 2);
-    p.set_nap_late(6_000, 500);
-    p.set_nap_cpu_ns(7_000);
+    let mut p = calibrated(2, 6_000, 500);
     let mut t = 0;
     for k in 1..=200u64 {
         t = k * 600_000;
