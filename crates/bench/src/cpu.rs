@@ -79,14 +79,17 @@ pub fn process_times() -> CpuTimes {
     rusage(libc::RUSAGE_SELF)
 }
 
+/// The fields of a `/proc/.../stat` line from field 3 (state) on. The command
+/// name (field 2) may contain spaces and parentheses, so fields are counted
+/// after its last `)`: field `n` is index `n - 3`.
+fn stat_fields_from_3(stat: &str) -> Option<std::str::SplitWhitespace<'_>> {
+    Some(stat[stat.rfind(')')? + 1..].split_whitespace())
+}
+
 /// Parses utime and stime (fields 14 and 15, in ticks) from a `/proc/.../stat` line.
-/// The command name (field 2) may contain spaces and parentheses, so fields are counted
-/// after its last `)`.
 pub fn parse_stat_ticks(stat: &str) -> Option<(u64, u64)> {
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let mut f = rest.split_whitespace();
-    // After ")": field 3 (state) is index 0, so utime (14) is index 11.
-    let utime = f.nth(11)?.parse().ok()?;
+    let mut f = stat_fields_from_3(stat)?;
+    let utime = f.nth(14 - 3)?.parse().ok()?;
     let stime = f.next()?.parse().ok()?;
     Some((utime, stime))
 }
@@ -94,9 +97,7 @@ pub fn parse_stat_ticks(stat: &str) -> Option<(u64, u64)> {
 /// The CPU a thread last ran on (field 39, `processor`) of a
 /// `/proc/PID/task/TID/stat` line.
 fn parse_stat_processor(stat: &str) -> Option<u32> {
-    let rest = &stat[stat.rfind(')')? + 1..];
-    // After ")": field 3 (state) is index 0, so processor (39) is index 36.
-    rest.split_whitespace().nth(36)?.parse().ok()
+    stat_fields_from_3(stat)?.nth(39 - 3)?.parse().ok()
 }
 
 /// Sum of utime + stime over every thread of process `pid`, or an error naming what
