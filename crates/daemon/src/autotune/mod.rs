@@ -253,11 +253,14 @@ impl Params {
 }
 
 /// Which rule was pending, and for how many ticks.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 struct Streaks {
     hot: u32,
     park: u32,
     probe: u32,
+    /// The highest rate of the busy queues over the ticks of the probe
+    /// streak.
+    probe_high: f64,
 }
 
 /// A probe ([`Reason::Probe`]): its queues (the busy ones of the thread it
@@ -300,9 +303,6 @@ pub struct AutoTune {
     /// No decision before this time, ms.
     settle_until: u64,
     streaks: Streaks,
-    /// The highest rate of the busy queues over the ticks of the probe
-    /// streak.
-    probe_before: f64,
     /// The last probe, while its verdict holds.
     probe: Option<Probe>,
 }
@@ -358,7 +358,6 @@ impl AutoTune {
             last_move: HashMap::new(),
             settle_until: 0,
             streaks: Streaks::default(),
-            probe_before: 0.0,
             probe: None,
         }
     }
@@ -768,7 +767,7 @@ impl AutoTune {
                 low,
                 ticks,
             } => {
-                *low = if *ticks == 0 { rate } else { low.min(rate) };
+                *low = low.min(rate);
                 *ticks += 1;
                 if *ticks < p.probe_ticks {
                     out = Some(Vec::new());
@@ -860,21 +859,17 @@ impl AutoTune {
             .filter(|(_, ids)| !blocked(ids))
         else {
             self.streaks.probe = 0;
-            self.probe_before = 0.0;
+            self.streaks.probe_high = 0.0;
             return Vec::new();
         };
         // Measured as the verdict measures it.
         let rate = rate_of(s, &ids);
-        self.probe_before = if self.streaks.probe == 0 {
-            rate
-        } else {
-            self.probe_before.max(rate)
-        };
+        self.streaks.probe_high = self.streaks.probe_high.max(rate);
         self.streaks.probe += 1;
         if self.streaks.probe < p.confirm_hot {
             return Vec::new();
         }
-        let before = self.probe_before;
+        let before = self.streaks.probe_high;
         let to = parked.expect("a candidate needs a parked thread");
         let Some(group) = self.split(v, h, 1).into_iter().next() else {
             return Vec::new();
@@ -890,7 +885,7 @@ impl AutoTune {
                 to,
                 moved: out.iter().map(|d| d.queue).collect(),
                 before,
-                low: 0.0,
+                low: f64::INFINITY,
                 ticks: 0,
             },
         });
