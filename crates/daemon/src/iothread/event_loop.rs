@@ -21,7 +21,7 @@ use super::queue::{Popped, QueueSlot, Release};
 use super::queues::Queues;
 use super::{Command, GuestMem, IoThreadSetup, QueueAttach, QueueKey};
 use crate::clock::{clock_ns, monotonic_ns};
-use crate::poll::{PollMode, PollPolicy};
+use crate::poll::{PollMode, PollPolicy, DEVICE_SOURCE};
 use crate::stats::IoThreadStats;
 
 mod commands;
@@ -35,9 +35,6 @@ const TOKEN_COMPLETION: u64 = 1;
 pub(super) const TOKEN_THROTTLE: u64 = 2;
 /// epoll token of queue slot `i`'s kick fd: `TOKEN_KICK_BASE + i`.
 const TOKEN_KICK_BASE: u64 = 16;
-
-/// Policy source index of the backend completions.
-const SOURCE_COMPLETIONS: usize = crate::poll::DEVICE_SOURCE;
 
 /// How the control plane reaches an IOThread.
 pub(super) struct Channels {
@@ -224,7 +221,7 @@ impl IoThread {
             }
             sources.clear();
             if completed {
-                sources.push(SOURCE_COMPLETIONS);
+                sources.push(DEVICE_SOURCE);
             }
             sources.extend(ready.iter().map(|s| s.0 + 1));
             self.policy
