@@ -14,6 +14,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
 
 use super::{BlockDevice, ExecuteError, GuestMem};
 use crate::block::{Backend, Completion, Engines, IoKind, Next, Transfer};
+use crate::clock::monotonic_ns;
 use crate::fastpath::SmallAccess;
 use crate::seccomp::SeccompMode;
 use crate::virtio::device::{self, Action, BlockIo};
@@ -134,6 +135,10 @@ pub(super) struct Executor {
     /// Requests handed to a backend so far (wrapping): tells
     /// [`Executor::complete`] whether a round submitted anything.
     submitted: u64,
+    /// The clock as [`Executor::clock`] last read it (0: not yet).
+    clock_at: u64,
+    /// A backend other than null was handed work since then.
+    clock_stale: bool,
 }
 
 /// Initial capacity of the per-thread scratch lists of completions.
@@ -175,7 +180,25 @@ impl Executor {
             waiting: VecDeque::new(),
             iov_pool: Vec::new(),
             submitted: 0,
+            clock_at: 0,
+            clock_stale: false,
         }
+    }
+
+    /// The time to stamp a request with when it is popped or its used entry
+    /// published, `now` being the pass's clock: a request's latency runs
+    /// from one to the other. The pass's clock serves while requests only
+    /// went to the null backend (no clock read per request); once another
+    /// backend was handed one (a system call or a library call: microseconds
+    /// each, and a pass may make several), the clock is read again. On the
+    /// pass's clock alone, a request popped and finished in one pass of an
+    /// io_uring queue read 0 (12-28% of 4k reads at QD16 on a disk).
+    pub fn clock(&mut self, now: u64) -> u64 {
+        if self.clock_stale {
+            self.clock_stale = false;
+            self.clock_at = monotonic_ns();
+        }
+        self.clock_at.max(now)
     }
 
     /// Makes room for `requests` more requests in flight (a queue of that
@@ -369,6 +392,9 @@ impl Executor {
             return Err(std::io::Error::other("no such in-flight request"));
         };
         self.submitted = self.submitted.wrapping_add(1);
+        if !matches!(inf.backend, Backend::Null { .. }) {
+            self.clock_stale = true;
+        }
         // SAFETY: the transfer's iovecs (heap, not moved until the Inflight is
         // dropped) and the buffers they point to (guest memory mapped by
         // `inf.mem`, or `inf.bounce`, both held by the Inflight) stay valid

@@ -404,7 +404,7 @@ impl QueueSlot {
                 return;
             }
             let parsed = request::parse_head(&**mem, table, size, head, &self.device.limits);
-            self.popped_at[head as usize] = now;
+            self.popped_at[head as usize] = exec.clock(now);
             self.inflight += 1;
             exec.execute(id, parsed, mem, &self.device);
         }
@@ -453,8 +453,9 @@ impl QueueSlot {
     /// are re-enabled afterwards (the thread will sleep; a request that raced
     /// with that is popped too); otherwise they stay off (the thread will
     /// poll, or come back for what the budget left).
-    /// `now` is the pass's clock (the pop time of what it pops, and the
-    /// time the I/O limits admit it at: the same clock), `mem` its
+    /// `now` is the pass's clock (the pop time of what it pops, re-read
+    /// after a backend other than null was handed work: [`Executor::clock`];
+    /// and the time the I/O limits admit it at), `mem` its
     /// snapshot of the guest memory (taken once per pass, not per hand-back:
     /// the map only changes between passes).
     pub fn process(
@@ -580,7 +581,7 @@ impl QueueSlot {
                         return Popped::Drained;
                     }
                 }
-                self.popped_at[head as usize] = now;
+                self.popped_at[head as usize] = exec.clock(now);
                 // The chain is walked by the fast path's `HeadChain`, not
                 // popped through virtio-queue (see `fastpath`).
                 let parsed = request::parse_head(&**mem, table, size, head, &self.device.limits);

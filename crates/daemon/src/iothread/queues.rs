@@ -151,7 +151,8 @@ impl Queues {
     /// pops); counts a ring found broken and a budget used up. `now` is the
     /// pass's clock (when its wait ended): the pop time of what it pops and
     /// the completion time of what it finishes, so the latency histogram
-    /// costs no clock read of its own.
+    /// costs no clock read of its own, until a backend other than null was
+    /// handed work ([`Executor::clock`]).
     pub fn process(&mut self, id: SlotId, exec: &mut Executor, rearm: bool, now: u64) -> Popped {
         let Some(mem) = self.get(id).map(QueueSlot::memory) else {
             return Popped::Drained;
@@ -211,7 +212,8 @@ impl Queues {
 
     /// Finishes every request the executor is done with: the one place a
     /// request's status is written and its used entry added. `now` is the
-    /// completion time (the pass's clock).
+    /// pass's clock: the completion time, unless a backend other than null
+    /// was handed work since ([`Executor::clock`]).
     pub fn deliver(&mut self, exec: &mut Executor, now: u64) {
         let mut finished = std::mem::take(&mut self.finished);
         exec.complete(&mut finished);
@@ -220,6 +222,7 @@ impl Queues {
             self.finished = finished;
             return;
         }
+        let now = exec.clock(now);
         // By reference, then cleared: moving each `Finished` out of the list
         // and into `finish` copied it twice per request (a memcpy call each).
         for f in &finished {

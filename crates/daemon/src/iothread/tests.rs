@@ -1032,6 +1032,41 @@ fn in_flight_slots_are_reused_across_passes() {
     }
 }
 
+/// A request's latency runs from its pop to the publish of its used entry.
+/// Both are stamped with the pass's clock while requests only go to the null
+/// backend (no clock read per request), and with the clock read again once
+/// another backend was handed one: an io_uring pass that pops, submits and
+/// finishes requests within itself must not time them at 0.
+#[test]
+fn requests_finished_within_their_pass_are_timed_past_its_clock() {
+    for kind in [Kind::Null, Kind::Uring] {
+        let mut r = Rig::new(kind);
+        for i in 0..16u64 {
+            r.push(req_type::IN, i * 8, &[(DATA + i * 0x1000, 4096, true)]);
+        }
+        // One pass: every stamp it makes on its own clock is `now`.
+        let now = monotonic_ns();
+        r.queues.process(r.id, &mut r.exec, true, now);
+        for _ in 0..5000 {
+            r.queues.deliver(&mut r.exec, now);
+            if r.queues.inflight() == 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(r.queues.inflight(), 0, "{kind:?}");
+        let latency = r.counters.latency.snapshot();
+        assert_eq!(latency.buckets.iter().sum::<u64>(), 16, "{kind:?}");
+        match kind {
+            Kind::Null => assert_eq!(latency.sum_ns, 0, "null: the pass's clock only"),
+            _ => assert!(
+                latency.sum_ns > 0,
+                "{kind:?}: requests popped and finished in one pass timed at 0"
+            ),
+        }
+    }
+}
+
 #[test]
 fn null_latency_delays_completion() {
     let mut r = Rig::with(
