@@ -36,10 +36,12 @@ use super::{fallocate_mode, Completion, Engine, IoKind, IoOp};
 /// `scripts/bench.py serve`: submitting every request at once did 1.17x
 /// the IOPS of submitting only while fewer than 4 were in the kernel with a
 /// polling client (p50 223 -> 158 us, the same CPU per request) and 1.04x
-/// with a blocking one (p50 246 -> 185 us, 1.11x the CPU per request); four
-/// queues at QD16 on one IOThread (64 in the kernel) did not lose. 64 is
-/// the deepest load measured: beyond it, one enter per pass saves system
-/// calls while the device is busy anyway.
+/// with a blocking one (p50 246 -> 185 us, 1.11x the CPU per request), and
+/// under `--poll off` 1.08x (p50 244 -> 199 us) at 1.20x the CPU per
+/// request: a system call per request is the price. Four queues at QD16
+/// on one IOThread (64 in the kernel) did not lose. 64 is the deepest load
+/// measured: beyond it, one enter per pass saves system calls while the
+/// device is busy anyway.
 pub const SUBMIT_AT_ONCE_BELOW: usize = 64;
 
 /// Whether a new request goes to the kernel at once, `in_kernel` requests of
