@@ -234,6 +234,26 @@ impl Rig {
         head
     }
 
+    /// `n` 4 KiB reads made available at once (as a driver at QD`n`): read
+    /// `i` at sector `8 i` into its own page from `DATA` on.
+    fn push_reads(&mut self, n: u64) -> Vec<Req> {
+        (0..n)
+            .map(|i| self.push(req_type::IN, i * 8, &[(DATA + i * 0x1000, 4096, true)]))
+            .collect()
+    }
+
+    /// Delivers what the backend finished, waiting for it, until nothing is
+    /// in flight (or 5 s), each round at the time `now` gives.
+    fn deliver_all(&mut self, mut now: impl FnMut() -> u64) {
+        for _ in 0..5000 {
+            self.queues.deliver(&mut self.exec, now());
+            if self.queues.inflight() == 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     /// A request of type `rtype` at `sector` with the given data descriptors
     /// between its header and its status byte.
     fn push(&mut self, rtype: u32, sector: u64, data: &[D]) -> Req {
@@ -277,13 +297,7 @@ impl Rig {
             .process(self.id, &mut self.exec, true, monotonic_ns())
             == Popped::More
         {}
-        for _ in 0..5000 {
-            self.queues.deliver(&mut self.exec, monotonic_ns());
-            if self.queues.inflight() == 0 {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        self.deliver_all(monotonic_ns);
         assert_eq!(
             self.queues.inflight(),
             0,
@@ -908,9 +922,7 @@ fn write_to_a_file_opened_read_only_fails_in_the_backend() {
 fn a_batch_completes_every_request_in_one_pass() {
     for kind in ALL {
         let mut r = Rig::new(kind);
-        let reqs: Vec<Req> = (0..8)
-            .map(|i| r.push(req_type::IN, i * 8, &[(DATA + i * 0x1000, 4096, true)]))
-            .collect();
+        let reqs = r.push_reads(8);
         let used = r.run();
         assert_eq!(used.len(), 8, "{kind:?}");
         for q in &reqs {
@@ -955,9 +967,7 @@ fn a_pass_publishes_each_finished_request_before_the_next_pop() {
     // published during the pass.
     for kind in [Kind::Null, Kind::Uring] {
         let mut r = Rig::new(kind);
-        for i in 0..16u64 {
-            r.push(req_type::IN, i * 8, &[(DATA + i * 0x1000, 4096, true)]);
-        }
+        r.push_reads(16);
         assert_eq!(
             r.queues.process(r.id, &mut r.exec, true, monotonic_ns()),
             Popped::Drained
@@ -1041,19 +1051,11 @@ fn in_flight_slots_are_reused_across_passes() {
 fn requests_finished_within_their_pass_are_timed_past_its_clock() {
     for kind in [Kind::Null, Kind::Uring] {
         let mut r = Rig::new(kind);
-        for i in 0..16u64 {
-            r.push(req_type::IN, i * 8, &[(DATA + i * 0x1000, 4096, true)]);
-        }
+        r.push_reads(16);
         // One pass: every stamp it makes on its own clock is `now`.
         let now = monotonic_ns();
         r.queues.process(r.id, &mut r.exec, true, now);
-        for _ in 0..5000 {
-            r.queues.deliver(&mut r.exec, now);
-            if r.queues.inflight() == 0 {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        r.deliver_all(|| now);
         assert_eq!(r.queues.inflight(), 0, "{kind:?}");
         let latency = r.counters.latency.snapshot();
         assert_eq!(latency.buckets.iter().sum::<u64>(), 16, "{kind:?}");
@@ -1766,13 +1768,7 @@ fn requests_allocate_nothing_in_steady_state() {
             }
             let ((), n) = allocations_in(|| {
                 while r.queues.process(r.id, &mut r.exec, true, monotonic_ns()) == Popped::More {}
-                for _ in 0..5000 {
-                    r.queues.deliver(&mut r.exec, monotonic_ns());
-                    if r.queues.inflight() == 0 {
-                        break;
-                    }
-                    std::thread::sleep(Duration::from_millis(1));
-                }
+                r.deliver_all(monotonic_ns);
                 r.queues.notify(&mut answered);
             });
             assert_eq!(r.queues.inflight(), 0, "{kind:?}");
