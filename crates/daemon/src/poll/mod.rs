@@ -379,9 +379,10 @@ impl PollPolicy {
     /// microseconds, rule 3). A nap of `n` ns lasts about `n + late` and costs
     /// the thread [`Self::nap_cpu_ns`] of CPU, where spinning would cost
     /// `n + late`: it is taken only if that saves at least
-    /// [`MIN_NAP_SAVING_NS`] and a quarter of its length. Unlike the window, a nap may reach past `poll-max-ns` (it burns
-    /// no CPU); the spin after it is bounded by [`Self::nap_spin_ns`]. Every other
-    /// mode never naps, nor does `poll-max-ns=0`.
+    /// [`MIN_NAP_SAVING_NS`] and a quarter of its length. Unlike the window,
+    /// a nap may reach past `poll-max-ns` (it burns no CPU); the spin after
+    /// it is bounded by [`Self::nap_spin_ns`]. Every other mode never naps,
+    /// nor does `poll-max-ns=0`.
     pub fn nap_at(&self, now_ns: u64) -> u64 {
         match &self.algo {
             Algorithm::Adaptive(a) if self.params.poll_max_ns != 0 => {
