@@ -157,10 +157,27 @@ impl Queues {
         let Some(mem) = self.get(id).map(QueueSlot::memory) else {
             return Popped::Drained;
         };
+        let popped = self.process_with(id, exec, rearm, now, &mem);
+        // Kept for the pass's call (`notify`), which takes it.
+        if let Some(q) = self.slots.get_mut(id.0).and_then(Option::as_mut) {
+            q.pass_mem = Some(mem);
+        }
+        popped
+    }
+
+    /// [`Queues::process`] with the pass's memory snapshot `mem`.
+    fn process_with(
+        &mut self,
+        id: SlotId,
+        exec: &mut Executor,
+        rearm: bool,
+        now: u64,
+        mem: &Arc<GuestMem>,
+    ) -> Popped {
         let mut budget = POP_BUDGET;
         let mut uncalled = 0;
         loop {
-            let (popped, n) = self.process_some(id, exec, rearm, now, &mem, budget);
+            let (popped, n) = self.process_some(id, exec, rearm, now, mem, budget);
             if popped != Popped::HandBack {
                 return popped;
             }
@@ -170,7 +187,7 @@ impl Queues {
             self.deliver(exec, now);
             uncalled += n;
             if uncalled >= CALL_EVERY {
-                self.notify_one(id, &mem);
+                self.notify_one(id, mem);
                 uncalled = 0;
             }
             budget -= n;
@@ -249,12 +266,19 @@ impl Queues {
     /// One notification per queue that published something since the last
     /// check; the end of a pass. The slots answered are added to `answered`.
     pub fn notify(&mut self, answered: &mut Vec<SlotId>) {
-        // A snapshot only for the queues that published something.
         for (i, q) in self.slots.iter_mut().enumerate() {
-            let Some(q) = q.as_mut().filter(|q| q.unnotified()) else {
+            let Some(q) = q.as_mut() else {
                 continue;
             };
-            let mem = q.memory();
+            // The snapshot the pass processed the queue with (microseconds
+            // old; an older map still maps the ring's pages), else a new one
+            // for a queue that published without being processed (a backend's
+            // completion). Taken in every case: no snapshot outlives its pass.
+            let pass_mem = q.pass_mem.take();
+            if !q.unnotified() {
+                continue;
+            }
+            let mem = pass_mem.unwrap_or_else(|| q.memory());
             q.notify_guest(&mem, &self.stats);
             answered.push(SlotId(i));
         }
