@@ -276,12 +276,21 @@ impl QueueSlot {
     /// Tells the guest it need not kick (EVENT_IDX: avail_event stays behind;
     /// otherwise VRING_USED_F_NO_NOTIFY), unless that is already so: without
     /// EVENT_IDX every toggle is a write to a guest cache line.
+    /// Checked on every entry into [`QueueSlot::process`] (once per request
+    /// at QD16): the check is inlined there, the toggle is not.
+    #[inline(always)]
     pub fn quiet(&mut self, mem: &GuestMem) -> Result<(), virtio_queue::Error> {
         if self.kicks == Kicks::Armed {
-            SplitRing::of(&self.queue).disable_notification(mem, &self.queue)?;
-            self.kicks = Kicks::Quiet;
-            self.log_used();
+            self.disable_kicks(mem)?;
         }
+        Ok(())
+    }
+
+    #[inline(never)]
+    fn disable_kicks(&mut self, mem: &GuestMem) -> Result<(), virtio_queue::Error> {
+        SplitRing::of(&self.queue).disable_notification(mem, &self.queue)?;
+        self.kicks = Kicks::Quiet;
+        self.log_used();
         Ok(())
     }
 
