@@ -309,6 +309,11 @@ impl QueueSlot {
     /// Re-enables guest notifications; true if requests arrived meanwhile. A
     /// ring that cannot be accessed is marked broken (false).
     pub fn arm_or_break(&mut self) -> bool {
+        // Armed already (the pass re-armed it when it found the ring empty):
+        // no memory snapshot to take (an `ArcSwap` load before every sleep).
+        if self.kicks == Kicks::Armed {
+            return false;
+        }
         let mem = self.mem.memory();
         match self.arm(&mem) {
             Ok(more) => more,
