@@ -508,7 +508,7 @@ impl IoThread {
                     // stale if polling already took the request: with
                     // EVENT_IDX the first request after re-arming always
                     // kicks, even if the thread is polling by then.
-                    let Some(q) = self.queues.get(slot) else {
+                    let Some(q) = self.queues.get_mut(slot) else {
                         continue;
                     };
                     if q.has_work() {

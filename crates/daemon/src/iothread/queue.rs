@@ -117,10 +117,11 @@ pub(super) struct QueueSlot {
     /// The eventfd to signal the guest with (None: poll mode frontend).
     pub call: Option<File>,
     mem: GuestMemHandle,
-    /// The memory snapshot the current pass processed the queue with, for
-    /// its call at the end of the pass ([`Queues::notify`] takes it): one
-    /// snapshot of the map per pass, not two (each is an `ArcSwap` load,
-    /// about 120 instructions).
+    /// The memory snapshot of the current pass: taken when a kick is
+    /// looked at or when the pass processes the queue, used by what follows
+    /// in the pass, and dropped by its call at the end ([`Queues::notify`]
+    /// takes it): one snapshot of the map per pass, not two or three (each
+    /// is an `ArcSwap` load, about 75-120 instructions).
     pub(super) pass_mem: Option<Arc<GuestMem>>,
     /// The device the queue belongs to.
     pub device: Arc<BlockDevice>,
@@ -384,12 +385,23 @@ impl QueueSlot {
         ring.add_used(mem, &mut self.queue, head, len)
     }
 
-    /// [`QueueSlot::has_avail`] on the current memory map (no reference
-    /// count taken), or heads to resubmit.
+    /// [`QueueSlot::has_avail`] on a snapshot of the memory map, or heads to
+    /// resubmit: whether a kick brought work. The snapshot is kept as the
+    /// pass's ([`QueueSlot::pass_mem`]): the pass that pops what the kick
+    /// announced uses it instead of loading the map again.
     /// A queue whose head is held back has none: a kick is looked at when
     /// the head is due.
-    pub fn has_work(&self) -> bool {
-        self.held.is_none() && (self.resubmit_pending() || self.has_avail(&self.mem.memory()))
+    pub fn has_work(&mut self) -> bool {
+        if self.held.is_some() {
+            return false;
+        }
+        if self.resubmit_pending() {
+            return true;
+        }
+        let mem = self.memory();
+        let work = self.has_avail(&mem);
+        self.pass_mem = Some(mem);
+        work
     }
 
     /// Whether heads left in flight by a dead daemon wait to be executed again.

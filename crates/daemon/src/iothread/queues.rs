@@ -154,7 +154,10 @@ impl Queues {
     /// costs no clock read of its own, until a backend other than null was
     /// handed work ([`Executor::clock`]).
     pub fn process(&mut self, id: SlotId, exec: &mut Executor, rearm: bool, now: u64) -> Popped {
-        let Some(mem) = self.get(id).map(QueueSlot::memory) else {
+        let Some(mem) = self
+            .get_mut(id)
+            .map(|q| q.pass_mem.take().unwrap_or_else(|| q.memory()))
+        else {
             return Popped::Drained;
         };
         let popped = self.process_with(id, exec, rearm, now, &mem);

@@ -1883,7 +1883,7 @@ fn a_throttled_queue_holds_its_head_and_keeps_the_order() {
             "{kind:?}: the held head is in flight"
         );
         assert!(
-            !q.has_work(),
+            !r.queues.get_mut(r.id).unwrap().has_work(),
             "{kind:?}: a held queue is no work for a kick"
         );
         assert_eq!(r.counters.throttled.get(), 1, "{kind:?}");
