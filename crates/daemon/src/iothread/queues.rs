@@ -273,10 +273,11 @@ impl Queues {
             let Some(q) = q.as_mut() else {
                 continue;
             };
-            // The snapshot the pass processed the queue with (microseconds
-            // old; an older map still maps the ring's pages), else a new one
-            // for a queue that published without being processed (a backend's
-            // completion). Taken in every case: no snapshot outlives its pass.
+            // The pass's snapshot, taken when a kick was looked at or the
+            // queue processed (microseconds old; an older map still maps the
+            // ring's pages), else a new one for a queue that published
+            // without being processed (a backend's completion). Taken in
+            // every case: no snapshot outlives its pass.
             let pass_mem = q.pass_mem.take();
             if !q.unnotified() {
                 continue;
