@@ -29,6 +29,9 @@ step "cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 
 # One closing line over every test binary (cargo prints one result line per
-# binary, the last ones being doc-test runners with nothing to run).
-awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
+# binary, the last ones being doc-test runners with nothing to run). A
+# result line can follow a daemon's log output on the same line (stderr and
+# stdout share the pipe): it is found anywhere in a line.
+awk '{ if (match($0, /test result: [A-Za-z]+\. [0-9]+ passed; [0-9]+ failed/)) {
+         split(substr($0, RSTART, RLENGTH), w, " "); p += w[4]; f += w[6] } }
      END { printf "\ntests: %d passed, %d failed\n", p, f }' target/test-output.log
