@@ -8,9 +8,9 @@ once). In each stretch the distinct 64-byte lines touched are counted by
 where they live: the frontend's shared memory (each `rw-s` mapping, by
 name: with libblkio `memfd:virtio-ring` holds the rings, descriptors,
 request headers and status bytes, `memfd:libblkio-buf` the data), or the
-server's own memory. The shared lines are the ones that travel between the
-frontend's CPU and the IOThread's; of those, the lines the server writes
-are the ones it must take ownership of.
+server's own memory (also by mapping, the five largest). The shared lines
+are the ones that travel between the frontend's CPU and the IOThread's; of
+those, the lines the server writes are the ones it must take ownership of.
 
 usage: cachelines.py BINARY PIDFILE SKIP COUNT < lackey-trace
 """
@@ -45,6 +45,15 @@ def read_maps(pid):
     return maps
 
 
+def mapping_label(lo, hi, perms, name):
+    """A private mapping as the breakdown names it: its file, or its size
+    (under valgrind a thread's stack and malloc's arenas are anonymous; a
+    Rust thread's stack is 2 MiB)."""
+    if name:
+        return f"{name.split('/')[-1]} {perms}"
+    return f"anonymous {(hi - lo) // 1024} KiB {perms}"
+
+
 def main():
     binary, pidfile, skip, count = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     offs = marker_offsets(binary)
@@ -55,6 +64,8 @@ def main():
     requests = 0
     seen = {}  # line -> written?
     totals = Counter()
+    own = Counter()  # the server's own lines by mapping
+    private = []
     for raw in sys.stdin:
         c = raw[0]
         if c == "=":
@@ -75,8 +86,11 @@ def main():
             if addr in markers:
                 if requests == 0:
                     # The frontend's memory is mapped by now.
+                    maps = read_maps(pid)
                     shared = [(lo // LINE, (hi - 1) // LINE, name.split("/")[-1].replace(" (deleted)", ""))
-                              for lo, hi, perms, _, name in read_maps(pid) if perms.endswith("s")]
+                              for lo, hi, perms, _, name in maps if perms.endswith("s")]
+                    private = [(lo // LINE, (hi - 1) // LINE, mapping_label(lo, hi, perms, name))
+                               for lo, hi, perms, _, name in maps if not perms.endswith("s")]
                 if skip < requests <= skip + count:
                     for line, written in seen.items():
                         where = "private"
@@ -85,6 +99,8 @@ def main():
                                 where = name
                                 break
                         totals[where] += 1
+                        if where == "private":
+                            own[next((n for lo, hi, n in private if lo <= line <= hi), "unmapped")] += 1
                         if written and where != "private":
                             totals[where + " written"] += 1
                 requests += 1
@@ -114,6 +130,8 @@ def main():
     print(f"{(shared_total + totals['private']) / measured:.1f} cache lines per request "
           f"over {measured} requests: {shared_total / measured:.1f} shared with the frontend "
           f"[{'; '.join(parts) or 'none'}], {totals['private'] / measured:.1f} the server's own")
+    print("  the server's own by mapping: " + "; ".join(
+        f"{n / measured:.1f} {label}" for label, n in own.most_common(5)))
 
 
 if __name__ == "__main__":
