@@ -269,6 +269,12 @@ impl QueueSlot {
         self.mem.memory().into_inner()
     }
 
+    /// The pass's snapshot of the memory map ([`QueueSlot::pass_mem`]),
+    /// taken out of the slot: the one the pass already loaded, or a new one.
+    pub(super) fn take_pass_memory(&mut self) -> Arc<GuestMem> {
+        self.pass_mem.take().unwrap_or_else(|| self.memory())
+    }
+
     /// The next avail index (GET_VRING_BASE).
     pub fn next_avail(&self) -> u16 {
         self.queue.next_avail()
@@ -398,7 +404,7 @@ impl QueueSlot {
         if self.resubmit_pending() {
             return true;
         }
-        let mem = self.memory();
+        let mem = self.take_pass_memory();
         let work = self.has_avail(&mem);
         self.pass_mem = Some(mem);
         work

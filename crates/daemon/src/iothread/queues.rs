@@ -154,35 +154,15 @@ impl Queues {
     /// costs no clock read of its own, until a backend other than null was
     /// handed work ([`Executor::clock`]).
     pub fn process(&mut self, id: SlotId, exec: &mut Executor, rearm: bool, now: u64) -> Popped {
-        let Some(mem) = self
-            .get_mut(id)
-            .map(|q| q.pass_mem.take().unwrap_or_else(|| q.memory()))
-        else {
+        let Some(mem) = self.get_mut(id).map(QueueSlot::take_pass_memory) else {
             return Popped::Drained;
         };
-        let popped = self.process_with(id, exec, rearm, now, &mem);
-        // Kept for the pass's call (`notify`), which takes it.
-        if let Some(q) = self.slots.get_mut(id.0).and_then(Option::as_mut) {
-            q.pass_mem = Some(mem);
-        }
-        popped
-    }
-
-    /// [`Queues::process`] with the pass's memory snapshot `mem`.
-    fn process_with(
-        &mut self,
-        id: SlotId,
-        exec: &mut Executor,
-        rearm: bool,
-        now: u64,
-        mem: &Arc<GuestMem>,
-    ) -> Popped {
         let mut budget = POP_BUDGET;
         let mut uncalled = 0;
-        loop {
-            let (popped, n) = self.process_some(id, exec, rearm, now, mem, budget);
+        let popped = loop {
+            let (popped, n) = self.process_some(id, exec, rearm, now, &mem, budget);
             if popped != Popped::HandBack {
-                return popped;
+                break popped;
             }
             // Early hand-back (see CALL_EVERY): publish what is done, call
             // every CALL_EVERY pops if the driver asked, go on within the
@@ -190,15 +170,20 @@ impl Queues {
             self.deliver(exec, now);
             uncalled += n;
             if uncalled >= CALL_EVERY {
-                self.notify_one(id, mem);
+                self.notify_one(id, &mem);
                 uncalled = 0;
             }
             budget -= n;
             if budget == 0 {
                 self.stats.budget_exhausted.add(1);
-                return Popped::More;
+                break Popped::More;
             }
+        };
+        // Kept for the pass's call (`notify`), which takes it.
+        if let Some(q) = self.get_mut(id) {
+            q.pass_mem = Some(mem);
         }
+        popped
     }
 
     /// [`QueueSlot::process`] within `budget`, counted; also how many it popped.
@@ -273,16 +258,16 @@ impl Queues {
             let Some(q) = q.as_mut() else {
                 continue;
             };
+            // No snapshot outlives its pass.
+            if !q.unnotified() {
+                q.pass_mem = None;
+                continue;
+            }
             // The pass's snapshot, taken when a kick was looked at or the
             // queue processed (microseconds old; an older map still maps the
             // ring's pages), else a new one for a queue that published
-            // without being processed (a backend's completion). Taken in
-            // every case: no snapshot outlives its pass.
-            let pass_mem = q.pass_mem.take();
-            if !q.unnotified() {
-                continue;
-            }
-            let mem = pass_mem.unwrap_or_else(|| q.memory());
+            // without being processed (a backend's completion).
+            let mem = q.take_pass_memory();
             q.notify_guest(&mem, &self.stats);
             answered.push(SlotId(i));
         }
