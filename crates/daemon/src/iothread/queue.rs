@@ -301,20 +301,19 @@ impl QueueSlot {
         Ok(())
     }
 
-    /// Asks the guest to kick again, unless it already does; true if requests
-    /// arrived while it did not.
-    pub fn arm(&mut self, mem: &GuestMem) -> Result<bool, virtio_queue::Error> {
-        if self.kicks == Kicks::Armed {
-            return Ok(false);
-        }
+    /// Asks the guest to kick again; true if requests arrived while it did
+    /// not. Called with kicks off: by `process` after `quiet`, and by
+    /// [`QueueSlot::arm_or_break`] for a ring not armed yet.
+    fn arm(&mut self, mem: &GuestMem) -> Result<bool, virtio_queue::Error> {
         let more = SplitRing::of(&self.queue).enable_notification(mem, &self.queue)?;
         self.kicks = Kicks::Armed;
         self.log_used();
         Ok(more)
     }
 
-    /// Re-enables guest notifications; true if requests arrived meanwhile. A
-    /// ring that cannot be accessed is marked broken (false).
+    /// Re-enables guest notifications, unless they are on already; true if
+    /// requests arrived meanwhile. A ring that cannot be accessed is marked
+    /// broken (false).
     pub fn arm_or_break(&mut self) -> bool {
         // Armed already (the pass re-armed it when it found the ring empty):
         // no memory snapshot to take (an `ArcSwap` load before every sleep).
