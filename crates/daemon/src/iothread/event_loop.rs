@@ -160,7 +160,8 @@ impl IoThread {
             let mut completed = false;
             let mut polled_hit = false;
             let mut slept = false;
-            // When the last poll ended, while nothing has happened since.
+            // When a poll that found work ended, while nothing has happened
+            // since.
             let mut polled_at = None;
             // Hybrid polling (adaptive): sleep through the part of the wait in
             // which no event is expected (notifications armed, as in any
@@ -188,7 +189,7 @@ impl IoThread {
                     polled_hit = self.poll(deadline, t0, &mut ready, &mut completed);
                     let now = monotonic_ns();
                     self.stats.poll_ns.add(now.saturating_sub(t));
-                    polled_at = Some(now);
+                    polled_at = polled_hit.then_some(now);
                 }
             }
             if !polled_hit && !slept {
@@ -205,7 +206,6 @@ impl IoThread {
                     self.wait_events(-1, &mut events, &mut ready, &mut completed);
                 }
                 self.stats.sleep_ns.add(monotonic_ns().saturating_sub(t));
-                polled_at = None;
             } else if self.pending.load(Ordering::Acquire) {
                 self.wait_events(0, &mut events, &mut ready, &mut completed);
                 polled_at = None;
@@ -214,10 +214,7 @@ impl IoThread {
             // handles. A poll that found work ended just now: its clock read
             // serves (at QD1 with a polling driver, clock reads were 9% of the
             // thread's samples, four of them per pass).
-            let t_end = match polled_at {
-                Some(t) if polled_hit => t,
-                _ => monotonic_ns(),
-            };
+            let t_end = polled_at.unwrap_or_else(monotonic_ns);
             if polled_hit {
                 self.stats.poll_hits.add(1);
             }
