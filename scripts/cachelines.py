@@ -46,9 +46,12 @@ def read_maps(pid):
 
 
 def mapping_label(lo, hi, perms, name):
-    """A private mapping as the breakdown names it: its file, or its size
-    (under valgrind a thread's stack and malloc's arenas are anonymous; a
-    Rust thread's stack is 2 MiB)."""
+    """A mapping as the counts name it: the frontend's by its name
+    (`memfd:virtio-ring`), the server's own by file and permissions, or by
+    size if anonymous (under valgrind a thread's stack and malloc's arenas
+    are; a Rust thread's stack is 2 MiB)."""
+    if perms.endswith("s"):
+        return name.split("/")[-1].replace(" (deleted)", "")
     if name:
         return f"{name.split('/')[-1]} {perms}"
     return f"anonymous {(hi - lo) // 1024} KiB {perms}"
@@ -59,13 +62,13 @@ def main():
     offs = marker_offsets(binary)
     real = os.path.realpath(binary)
     markers = None
-    shared = []  # (lo line, hi line, name)
+    mappings = []  # (lo line, hi line, label, shared with the frontend)
     pid = None
     requests = 0
     seen = {}  # line -> written?
-    totals = Counter()
-    own = Counter()  # the server's own lines by mapping
-    private = []
+    shared = Counter()  # lines in the frontend's mappings, by mapping
+    written = Counter()  # of those, the lines the server wrote
+    own = Counter()  # the server's own lines, by mapping
     for raw in sys.stdin:
         c = raw[0]
         if c == "=":
@@ -86,23 +89,19 @@ def main():
             if addr in markers:
                 if requests == 0:
                     # The frontend's memory is mapped by now.
-                    maps = read_maps(pid)
-                    shared = [(lo // LINE, (hi - 1) // LINE, name.split("/")[-1].replace(" (deleted)", ""))
-                              for lo, hi, perms, _, name in maps if perms.endswith("s")]
-                    private = [(lo // LINE, (hi - 1) // LINE, mapping_label(lo, hi, perms, name))
-                               for lo, hi, perms, _, name in maps if not perms.endswith("s")]
+                    mappings = [(lo // LINE, (hi - 1) // LINE, mapping_label(lo, hi, perms, name),
+                                 perms.endswith("s"))
+                                for lo, hi, perms, _, name in read_maps(pid)]
                 if skip < requests <= skip + count:
-                    for line, written in seen.items():
-                        where = "private"
-                        for lo, hi, name in shared:
-                            if lo <= line <= hi:
-                                where = name
-                                break
-                        totals[where] += 1
-                        if where == "private":
-                            own[next((n for lo, hi, n in private if lo <= line <= hi), "unmapped")] += 1
-                        if written and where != "private":
-                            totals[where + " written"] += 1
+                    for line, wrote in seen.items():
+                        label, is_shared = next(((label, sh) for lo, hi, label, sh in mappings
+                                                 if lo <= line <= hi), ("unmapped", False))
+                        if not is_shared:
+                            own[label] += 1
+                            continue
+                        shared[label] += 1
+                        if wrote:
+                            written[label] += 1
                 requests += 1
                 seen.clear()
                 if requests > skip + count:
@@ -122,14 +121,12 @@ def main():
     measured = min(max(requests - 1 - skip, 0), count)
     if measured == 0:
         sys.exit(f"no request measured ({requests} seen, {skip} skipped)")
-    names = sorted({k for k in totals if not k.endswith(" written") and k != "private"})
-    parts = []
-    for n in names:
-        parts.append(f"{totals[n] / measured:.1f} in {n} ({totals[n + ' written'] / measured:.1f} written)")
-    shared_total = sum(totals[n] for n in names)
-    print(f"{(shared_total + totals['private']) / measured:.1f} cache lines per request "
+    parts = [f"{n / measured:.1f} in {label} ({written[label] / measured:.1f} written)"
+             for label, n in sorted(shared.items())]
+    shared_total, own_total = sum(shared.values()), sum(own.values())
+    print(f"{(shared_total + own_total) / measured:.1f} cache lines per request "
           f"over {measured} requests: {shared_total / measured:.1f} shared with the frontend "
-          f"[{'; '.join(parts) or 'none'}], {totals['private'] / measured:.1f} the server's own")
+          f"[{'; '.join(parts) or 'none'}], {own_total / measured:.1f} the server's own")
     print("  the server's own by mapping: " + "; ".join(
         f"{n / measured:.1f} {label}" for label, n in own.most_common(5)))
 
