@@ -86,11 +86,13 @@ impl Transfer {
         }
     }
 
-    /// The iovec list back, emptied, for the next transfer to reuse (its
-    /// allocation stays): the owner must no longer be in flight.
-    pub fn into_iov(mut self) -> Vec<libc::iovec> {
-        self.iov.clear();
-        self.iov
+    /// The iovec list, emptied, for the next transfer to reuse (its
+    /// allocation stays; this transfer is left with none): the owner must no
+    /// longer be in flight.
+    pub fn take_iov(&mut self) -> Vec<libc::iovec> {
+        let mut iov = std::mem::take(&mut self.iov);
+        iov.clear();
+        iov
     }
 
     /// Submit writes with RWF_DSYNC.

@@ -1,8 +1,11 @@
 //! The executor: takes a parsed request and the guest memory it refers to,
 //! turns it into a backend operation (through the device model), keeps it in
 //! the in-flight table until the backend completes it, and yields
-//! [`Finished`] requests back to the queue layer. It owns the IOThread's
-//! backends and the bounce buffers; it never touches a virtqueue.
+//! [`Finished`] requests back to the queue layer. A finished request stays in
+//! the table, where the queue layer reads it ([`Executor::done`]) to publish
+//! it, until it is retired ([`Executor::retire`]): it is not copied out on
+//! the way. It owns the IOThread's backends and the bounce buffers; it never
+//! touches a virtqueue.
 
 use std::alloc::{alloc, dealloc, Layout};
 use std::collections::VecDeque;
@@ -41,19 +44,27 @@ pub(super) struct Ticket {
     pub kind: Option<ReqKind>,
 }
 
-/// A request the executor is done with.
+/// A request the executor is done with: its entry in the in-flight table
+/// and its result. The entry is read through [`Executor::done`] and freed by
+/// [`Executor::retire`].
 #[derive(Debug)]
 pub(super) struct Finished {
-    /// Which request.
-    pub ticket: Ticket,
+    /// The request's entry in the table.
+    token: usize,
     /// Bytes transferred (data written to the guest for reads and GET_ID),
     /// or why it failed.
     pub result: Result<u64, ExecuteError>,
+}
+
+/// What the queue layer needs of a finished request to publish it.
+pub(super) struct Done<'a> {
+    /// Which request.
+    pub ticket: Ticket,
     /// The guest memory the request's buffers and status byte are in.
-    pub mem: Arc<GuestMem>,
+    pub mem: &'a GuestMem,
     /// The guest buffers the device wrote (reads, GET_ID): what a migration's
-    /// dirty log must mark. Empty (no allocation) for other requests.
-    pub written: Segments,
+    /// dirty log must mark. Empty for other requests.
+    pub written: &'a [Segment],
 }
 
 /// An aligned buffer for O_DIRECT when guest buffers are not aligned.
@@ -94,19 +105,30 @@ enum Submitted {
     Waits(BlockIo),
 }
 
-/// A request submitted to a backend and not yet completed.
+/// A request in the in-flight table: from its execution until the queue
+/// layer has published it.
 struct Inflight {
     ticket: Ticket,
-    backend: Backend,
     /// Keeps the guest memory mapping alive while the kernel or a worker may
     /// still access it (memory can be replaced by the control plane meanwhile).
     mem: Arc<GuestMem>,
+    /// The request's guest segments (for a bounce buffer's copy, and for
+    /// the dirty log: the pages a read or GET_ID wrote).
+    data: Segments,
+    /// The device wrote `data` (a read, GET_ID).
+    writes_guest: bool,
+    /// Its backend operation (None: finished without one: refused,
+    /// answered by the device model, failed before submission).
+    io: Option<Submission>,
+}
+
+/// A request's operation on a backend.
+struct Submission {
+    backend: Backend,
     /// The operation, its iovecs and its recovery state.
     transfer: Transfer,
-    /// The request's guest segments (for a bounce buffer's copy, and for
-    /// the dirty log: the pages a read wrote).
-    data: Segments,
-    /// An aligned buffer standing in for `data`.
+    /// An aligned buffer standing in for the guest's segments, until the
+    /// backend completes the request.
     bounce: Option<Bounce>,
 }
 
@@ -114,6 +136,7 @@ struct Inflight {
 pub(super) struct Executor {
     /// Names pool workers and log lines.
     name: String,
+    /// Requests from their execution until they are retired, by token.
     inflight: Vec<Option<Inflight>>,
     free: Vec<usize>,
     engines: Engines,
@@ -281,6 +304,8 @@ impl Executor {
         }
     }
 
+    /// Finishes a request without a backend; `written` are the guest
+    /// buffers the device model wrote.
     fn finish_now(
         &mut self,
         ticket: Ticket,
@@ -288,12 +313,29 @@ impl Executor {
         mem: &Arc<GuestMem>,
         written: Segments,
     ) {
-        self.ready.push(Finished {
+        let token = self.entry(Inflight {
             ticket,
-            result,
             mem: mem.clone(),
-            written,
+            data: written,
+            writes_guest: true,
+            io: None,
         });
+        self.ready.push(Finished { token, result });
+    }
+
+    /// A free token of the table, holding `inflight`.
+    #[inline(always)]
+    fn entry(&mut self, inflight: Inflight) -> usize {
+        match self.free.pop() {
+            Some(token) => {
+                self.inflight[token] = Some(inflight);
+                token
+            }
+            None => {
+                self.inflight.push(Some(inflight));
+                self.inflight.len() - 1
+            }
+        }
     }
 
     /// Puts `io` in flight on the device's backend, or hands it back if its
@@ -348,19 +390,18 @@ impl Executor {
         let transfer = Transfer::new(io.kind, io.offset, io.len, iov)
             .dsync(io.kind == IoKind::Write && device.writethrough())
             .punch(io.punch);
-        let token = self.free.pop().unwrap_or_else(|| {
-            self.inflight.push(None);
-            self.inflight.len() - 1
-        });
         let backend = disk.backend();
         let bounced = bounce.as_ref().map_or(0, Bounce::held);
-        self.inflight[token] = Some(Inflight {
+        let token = self.entry(Inflight {
             ticket,
-            backend,
             mem: mem.clone(),
-            transfer,
             data: io.data,
-            bounce,
+            writes_guest: io.kind == IoKind::Read,
+            io: Some(Submission {
+                backend,
+                transfer,
+                bounce,
+            }),
         });
         self.bounce_bytes += bounced;
         match self.submit_token(token) {
@@ -387,22 +428,29 @@ impl Executor {
     }
 
     /// Hands in-flight request `token` to its backend.
+    #[inline]
     fn submit_token(&mut self, token: usize) -> std::io::Result<()> {
-        let Some(inf) = self.inflight.get(token).and_then(Option::as_ref) else {
+        let Some(io) = self
+            .inflight
+            .get(token)
+            .and_then(Option::as_ref)
+            .and_then(|inf| inf.io.as_ref())
+        else {
             return Err(std::io::Error::other("no such in-flight request"));
         };
         self.submitted = self.submitted.wrapping_add(1);
-        if !matches!(inf.backend, Backend::Null { .. }) {
+        if !matches!(io.backend, Backend::Null { .. }) {
             self.clock_stale = true;
         }
         // SAFETY: the transfer's iovecs (heap, not moved until the Inflight is
-        // dropped) and the buffers they point to (guest memory mapped by
-        // `inf.mem`, or `inf.bounce`, both held by the Inflight) stay valid
-        // until this token's completion is reaped: the Inflight is only taken
-        // out of the table in `on_completion`.
+        // retired) and the buffers they point to (guest memory mapped by
+        // the Inflight's `mem`, or `io.bounce`, both held by it) stay valid
+        // until this token's completion is reaped: the bounce buffer is only
+        // taken in `on_completion`, and the Inflight only leaves the table
+        // when it is retired, after that.
         unsafe {
             self.engines
-                .submit(inf.backend, &self.name, inf.transfer.op(), token as u64)
+                .submit(io.backend, &self.name, io.transfer.op(), token as u64)
         }
     }
 
@@ -424,7 +472,8 @@ impl Executor {
     }
 
     /// Commits submissions and moves every finished request to `out`,
-    /// repeating while synchronous backends (null) produce completions.
+    /// repeating while synchronous backends (null) produce completions. Each
+    /// stays in the table until [`Executor::retire`].
     pub fn complete(&mut self, out: &mut Vec<Finished>) {
         out.append(&mut self.ready);
         loop {
@@ -461,27 +510,36 @@ impl Executor {
     /// finishes the request.
     fn on_completion(&mut self, c: Completion, out: &mut Vec<Finished>) {
         let token = c.token as usize;
-        let Some(inf) = self.inflight.get_mut(token).and_then(Option::as_mut) else {
+        let Some(io) = self
+            .inflight
+            .get_mut(token)
+            .and_then(Option::as_mut)
+            .and_then(|inf| inf.io.as_mut())
+        else {
             error!("{}: completion for unknown token {token}", self.name);
             return;
         };
-        let backend = inf.backend;
-        let mut result = match inf.transfer.on_completion(c.result) {
+        let backend = io.backend;
+        let mut result = match io.transfer.on_completion(c.result) {
             Next::Resubmit => match self.submit_token(token) {
                 Ok(()) => return,
                 Err(source) => Err(ExecuteError::Submit { backend, source }),
             },
             Next::Done(r) => r.map_err(ExecuteError::from),
         };
-        let Some(mut inf) = self.inflight[token].take() else {
+        let Some(inf) = self.inflight[token].as_mut() else {
             return;
         };
-        self.free.push(token);
-        self.bounce_bytes -= inf.bounce.as_ref().map_or(0, Bounce::held);
-        let read = inf.transfer.kind() == IoKind::Read;
-        if let (Ok(_), true, Some(b)) = (&result, read, &mut inf.bounce) {
-            if let Err(e) = copy_to_guest(&inf.mem, &inf.data, b.slice()) {
-                result = Err(ExecuteError::BounceCopy(e));
+        let (bounce, read) = match &mut inf.io {
+            Some(io) => (io.bounce.take(), io.transfer.kind() == IoKind::Read),
+            None => (None, false),
+        };
+        if let Some(mut b) = bounce {
+            self.bounce_bytes -= b.held();
+            if let (Ok(_), true) = (&result, read) {
+                if let Err(e) = copy_to_guest(&inf.mem, &inf.data, b.slice()) {
+                    result = Err(ExecuteError::BounceCopy(e));
+                }
             }
         }
         // The memory broke while the request was in flight: a write may have
@@ -489,18 +547,40 @@ impl Executor {
         if result.is_ok() && inf.mem.broken() {
             result = Err(ExecuteError::GuestMemory);
         }
-        if self.iov_pool.len() < IOV_POOL_MAX {
-            // Completed: nothing reads these iovecs any more.
-            self.iov_pool.push(inf.transfer.into_iov());
-        }
-        out.push(Finished {
+        out.push(Finished { token, result });
+    }
+
+    /// What the queue layer needs to publish `f`, from its entry in the
+    /// table (not copied out of it).
+    pub fn done(&self, f: &Finished) -> Option<Done<'_>> {
+        let inf = self.inflight.get(f.token)?.as_ref()?;
+        Some(Done {
             ticket: inf.ticket,
-            result,
-            // Owned here (taken out of the table): no reference count to bump.
-            mem: inf.mem,
+            mem: &inf.mem,
             // A read wrote its buffers (even a failed one may have, partly).
-            written: if read { inf.data } else { Segments::new() },
-        });
+            written: if inf.writes_guest { &inf.data } else { &[] },
+        })
+    }
+
+    /// Frees the entries of the requests in `finished` (published: nothing
+    /// reads their buffers or iovecs any more), which is left empty. Their
+    /// iovec lists go back to the pool; the last reference to a replaced
+    /// memory map may go with them.
+    pub fn retire(&mut self, finished: &mut Vec<Finished>) {
+        for f in finished.iter() {
+            let Some(entry) = self.inflight.get_mut(f.token) else {
+                continue;
+            };
+            if let Some(io) = entry.as_mut().and_then(|inf| inf.io.as_mut()) {
+                if self.iov_pool.len() < IOV_POOL_MAX {
+                    self.iov_pool.push(io.transfer.take_iov());
+                }
+            }
+            // Dropped in place: not moved out of the table first.
+            *entry = None;
+            self.free.push(f.token);
+        }
+        finished.clear();
     }
 }
 

@@ -16,10 +16,10 @@ use log::{debug, error, warn};
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{GuestAddress, GuestAddressSpace};
 
-use super::executor::{Executor, Finished, SlotId};
+use super::executor::{Done, Executor, SlotId};
 use super::queues::WarnLimiter;
 use super::state::{Kicks, SlotState, Unnotified};
-use super::{BlockDevice, GuestMem, GuestMemHandle, QueueAttach, QueueKey, QueueLog};
+use super::{BlockDevice, ExecuteError, GuestMem, GuestMemHandle, QueueAttach, QueueKey, QueueLog};
 use crate::clock::monotonic_ns;
 use crate::fastpath::{SmallAccess, SplitRing};
 use crate::inflight::InflightQueue;
@@ -663,17 +663,17 @@ impl QueueSlot {
     /// status byte (0 if there is no status byte to write).
     pub(super) fn finish(
         &mut self,
-        f: &Finished,
+        done: &Done<'_>,
+        result: &Result<u64, ExecuteError>,
         stats: &IoThreadStats,
         warn: &mut WarnLimiter,
         now: u64,
     ) {
-        let Finished {
+        let Done {
             ticket,
-            result,
             mem,
             written,
-        } = f;
+        } = done;
         let kind = ticket.kind;
         let c = &self.counters;
         let (st, bytes) = match result {
