@@ -360,8 +360,9 @@ pub trait Engine {
     fn commit(&mut self) -> io::Result<()>;
     /// Appends finished operations to `out`.
     fn reap(&mut self, out: &mut Vec<Completion>);
-    /// An eventfd signalled when completions are ready (None: they are ready at
-    /// once, after `submit`). Watch it edge-triggered: it is never read back.
+    /// An eventfd signalled when completions are ready (None: the engine
+    /// finishes every operation when it is submitted, [`Handed::Done`]).
+    /// Watch it edge-triggered: it is never read back.
     fn notify_fd(&self) -> Option<RawFd>;
     /// Whether completions are waiting to be reaped (cheap: used while polling).
     fn has_completions(&mut self) -> bool;
@@ -405,6 +406,21 @@ pub fn fallocate_mode(op: &IoOp) -> i32 {
     }
 }
 
+/// What an engine did with a submitted operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handed {
+    /// Queued: its completion comes out of [`Engines::reap`].
+    Queued,
+    /// Finished when it was submitted, with this result (as a
+    /// [`Completion`]'s); no completion follows (the null engine without a
+    /// latency).
+    Done(i32),
+}
+
+fn queued(_: ()) -> Handed {
+    Handed::Queued
+}
+
 /// The engines of one IOThread, created on first use: one io_uring, one
 /// worker pool, and one null engine per null latency.
 #[derive(Default)]
@@ -434,7 +450,9 @@ impl Engines {
     }
 
     /// Queues `op` on `backend`'s engine (created on first use; `name` names
-    /// pool workers); the completion carries `token`. May submit at once.
+    /// pool workers); the completion carries `token`. May submit at once, or
+    /// finish the operation then and there ([`Handed::Done`]: no completion
+    /// follows).
     ///
     /// # Safety
     /// `op.iov` must point to `op.iovcnt` iovecs that, with the buffers they
@@ -446,7 +464,7 @@ impl Engines {
         name: &str,
         op: &IoOp,
         token: u64,
-    ) -> io::Result<()> {
+    ) -> io::Result<Handed> {
         // SAFETY: each engine's `submit` has this function's contract, which
         // the caller upholds.
         unsafe {
@@ -455,9 +473,9 @@ impl Engines {
                     latency_ns,
                     read_zeroes,
                 } => self.null(latency_ns)?.submit(op, token, read_zeroes),
-                Backend::IoUring { fd } => self.uring()?.submit(fd, op, token),
-                Backend::Threads { fd } => self.pool(name)?.submit(fd, op, token),
-                Backend::Rbd(image) => self.rbd(image)?.submit(op, token),
+                Backend::IoUring { fd } => self.uring()?.submit(fd, op, token).map(queued),
+                Backend::Threads { fd } => self.pool(name)?.submit(fd, op, token).map(queued),
+                Backend::Rbd(image) => self.rbd(image)?.submit(op, token).map(queued),
             }
         }
     }
@@ -594,7 +612,8 @@ mod tests {
             let run = |engines: &mut Engines, op: IoOp| -> i32 {
                 // SAFETY: `iov`, `buf` and `disk` outlive the completion,
                 // which is awaited below.
-                unsafe { engines.submit(disk.backend(), "t", &op, 7).unwrap() };
+                let handed = unsafe { engines.submit(disk.backend(), "t", &op, 7).unwrap() };
+                assert_eq!(handed, Handed::Queued);
                 engines.commit().unwrap();
                 let mut out = Vec::new();
                 for _ in 0..1000 {

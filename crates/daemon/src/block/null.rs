@@ -1,17 +1,18 @@
 //! The null engine: reads return zeroes (or, for a disk without QEMU's
 //! null-co `read-zeroes`, leave their buffers untouched), writes are dropped. Every operation
-//! completes at once, or `latency_ns` after its submission (as QEMU's null-co
-//! `latency-ns`; the latency is the engine's, given at construction),
-//! delivered like a device's: a timerfd raises the engine's notify fd when the
-//! earliest one is due, and a polling IOThread sees it due from the clock. A
-//! flush has nothing to make durable and completes at once.
+//! completes when it is submitted ([`Handed::Done`]), or `latency_ns` after
+//! its submission (as QEMU's null-co `latency-ns`; the latency is the
+//! engine's, given at construction), delivered like a device's: a timerfd
+//! raises the engine's notify fd when the earliest one is due, and a polling
+//! IOThread sees it due from the clock. A flush has nothing to make durable
+//! and completes when it is submitted.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 
-use super::{Completion, Engine, IoKind, IoOp};
+use super::{Completion, Engine, Handed, IoKind, IoOp};
 use crate::clock::{arm_timer_at, monotonic_ns, monotonic_timer};
 
 /// Completes operations in the submitting IOThread, at once or when due.
@@ -19,7 +20,6 @@ use crate::clock::{arm_timer_at, monotonic_ns, monotonic_timer};
 pub struct NullEngine {
     /// Completion latency, ns (0: at once).
     latency_ns: u64,
-    done: Vec<Completion>,
     /// Delayed completions by due time (CLOCK_MONOTONIC ns), earliest first.
     delayed: BinaryHeap<Reverse<(u64, u64, i32)>>,
     /// Armed for the earliest delayed completion; created on first use.
@@ -56,12 +56,19 @@ impl NullEngine {
 }
 
 impl NullEngine {
-    /// Queues `op`; the completion carries `token`. A read writes zeroes
-    /// into its buffers if `read_zeroes`, else leaves them as they are.
+    /// Runs `op`: done at once without a latency (and for a flush), else
+    /// queued until it is due, its completion carrying `token`. A read
+    /// writes zeroes into its buffers if `read_zeroes`, else leaves them as
+    /// they are.
     ///
     /// # Safety
     /// As [`Engines::submit`](super::Engines::submit).
-    pub unsafe fn submit(&mut self, op: &IoOp, token: u64, read_zeroes: bool) -> io::Result<()> {
+    pub unsafe fn submit(
+        &mut self,
+        op: &IoOp,
+        token: u64,
+        read_zeroes: bool,
+    ) -> io::Result<Handed> {
         if op.kind == IoKind::Read && read_zeroes {
             for i in 0..op.iovcnt as usize {
                 // SAFETY: the caller guarantees `op.iov` holds `iovcnt` valid
@@ -80,10 +87,10 @@ impl NullEngine {
             Some(_) if op.kind != IoKind::Flush => {
                 let due = monotonic_ns() + self.latency_ns;
                 self.delayed.push(Reverse((due, token, result)));
+                Ok(Handed::Queued)
             }
-            _ => self.done.push(Completion { token, result }),
+            _ => Ok(Handed::Done(result)),
         }
-        Ok(())
     }
 }
 
@@ -94,14 +101,6 @@ impl Engine for NullEngine {
     }
 
     fn reap(&mut self, out: &mut Vec<Completion>) {
-        // Into an empty list (the executor's, at every reap of a pass that
-        // hands work back after each pop): the lists trade places, each
-        // keeping its allocation, instead of a copy of the completions.
-        if out.is_empty() {
-            std::mem::swap(out, &mut self.done);
-        } else {
-            out.append(&mut self.done);
-        }
         if !self.delayed.is_empty() {
             let now = monotonic_ns();
             while let Some(Reverse((due, token, result))) = self.delayed.peek().copied() {
@@ -116,11 +115,9 @@ impl Engine for NullEngine {
     }
 
     fn has_completions(&mut self) -> bool {
-        !self.done.is_empty()
-            || self
-                .delayed
-                .peek()
-                .is_some_and(|Reverse((due, _, _))| *due <= monotonic_ns())
+        self.delayed
+            .peek()
+            .is_some_and(|Reverse((due, _, _))| *due <= monotonic_ns())
     }
 
     fn notify_fd(&self) -> Option<RawFd> {
@@ -152,20 +149,15 @@ mod tests {
         out
     }
 
-    /// A single completion of `token` with `result`.
-    fn one(token: u64, result: i32) -> Vec<Completion> {
-        vec![Completion { token, result }]
-    }
-
     #[test]
     fn immediate_without_latency() {
         let mut e = NullEngine::new(0).unwrap();
         assert_eq!(e.notify_fd(), None);
         // SAFETY: a discard has no buffers.
-        unsafe { e.submit(&op(), 7, true).unwrap() };
-        assert!(e.has_completions());
-        assert_eq!(reaped(&mut e), one(7, 0));
+        let handed = unsafe { e.submit(&op(), 7, true).unwrap() };
+        assert_eq!(handed, Handed::Done(0));
         assert!(!e.has_completions());
+        assert_eq!(reaped(&mut e), []);
     }
 
     #[test]
@@ -174,10 +166,10 @@ mod tests {
         let fd = e.notify_fd().unwrap();
         let t = Instant::now();
         // SAFETY: discards have no buffers.
-        unsafe { e.submit(&op(), 1, true).unwrap() };
+        assert_eq!(unsafe { e.submit(&op(), 1, true).unwrap() }, Handed::Queued);
         std::thread::sleep(Duration::from_millis(20));
         // SAFETY: as above.
-        unsafe { e.submit(&op(), 2, true).unwrap() };
+        assert_eq!(unsafe { e.submit(&op(), 2, true).unwrap() }, Handed::Queued);
         e.commit().unwrap();
         let mut out = Vec::new();
         if t.elapsed() < Duration::from_millis(35) {
@@ -214,9 +206,10 @@ mod tests {
             ..op()
         };
         // SAFETY: a flush has no buffers.
-        unsafe { e.submit(&flush, 3, true).unwrap() };
-        assert!(e.has_completions());
-        assert_eq!(reaped(&mut e), one(3, 0));
+        let handed = unsafe { e.submit(&flush, 3, true).unwrap() };
+        assert_eq!(handed, Handed::Done(0));
+        assert!(!e.has_completions());
+        assert_eq!(reaped(&mut e), []);
     }
 
     /// A read fills its buffers with zeroes, or with `read_zeroes` off
@@ -245,8 +238,8 @@ mod tests {
                 ..op()
             };
             // SAFETY: the iovecs describe `buf`, live until the reap below.
-            unsafe { e.submit(&read, 9, zeroes).unwrap() };
-            assert_eq!(reaped(&mut e), one(9, 8192));
+            let handed = unsafe { e.submit(&read, 9, zeroes).unwrap() };
+            assert_eq!(handed, Handed::Done(8192));
             assert!(buf.iter().all(|&b| b == expect), "read_zeroes {zeroes}");
         }
     }

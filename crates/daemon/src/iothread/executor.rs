@@ -16,7 +16,7 @@ use log::error;
 use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
 
 use super::{BlockDevice, ExecuteError, GuestMem};
-use crate::block::{Backend, Completion, Engines, IoKind, Next, Transfer};
+use crate::block::{Backend, Completion, Engines, Handed, IoKind, Next, Transfer};
 use crate::clock::monotonic_ns;
 use crate::fastpath::SmallAccess;
 use crate::seccomp::SeccompMode;
@@ -140,6 +140,12 @@ pub(super) struct Executor {
     inflight: Vec<Option<Inflight>>,
     free: Vec<usize>,
     engines: Engines,
+    /// Operations handed to an engine whose completion is still to be
+    /// reaped: none, and [`Executor::complete`] neither commits nor reaps.
+    in_engines: usize,
+    /// Completions of operations their engine finished when they were
+    /// submitted ([`Handed::Done`]), not yet handed out.
+    at_once: Vec<Completion>,
     /// Scratch list of backend completions.
     reaped: Vec<Completion>,
     /// Requests finished without a backend (refused, answered by the device
@@ -194,8 +200,10 @@ impl Executor {
             inflight: Vec::new(),
             free: Vec::new(),
             engines: Engines::new(seccomp),
+            in_engines: 0,
             // Sized once for a few passes' worth of completions, so that
             // steady state allocates nothing; a bigger burst grows them once.
+            at_once: Vec::with_capacity(SCRATCH_CAPACITY),
             reaped: Vec::with_capacity(SCRATCH_CAPACITY),
             ready: Vec::with_capacity(SCRATCH_CAPACITY),
             bounce_bytes: 0,
@@ -448,10 +456,18 @@ impl Executor {
         // until this token's completion is reaped: the bounce buffer is only
         // taken in `on_completion`, and the Inflight only leaves the table
         // when it is retired, after that.
-        unsafe {
+        let handed = unsafe {
             self.engines
                 .submit(io.backend, &self.name, io.transfer.op(), token as u64)
+        }?;
+        match handed {
+            Handed::Queued => self.in_engines += 1,
+            Handed::Done(result) => self.at_once.push(Completion {
+                token: token as u64,
+                result,
+            }),
         }
+        Ok(())
     }
 
     /// Requests in flight on a backend (submitted, not yet reaped): O(1),
@@ -462,7 +478,9 @@ impl Executor {
 
     /// Whether a backend has completions waiting (cheap: called while polling).
     pub fn has_completions(&mut self) -> bool {
-        !self.ready.is_empty() || self.engines.has_completions()
+        !self.ready.is_empty()
+            || !self.at_once.is_empty()
+            || (self.in_engines > 0 && self.engines.has_completions())
     }
 
     /// Moves the completion eventfds of backends created since the last call
@@ -472,16 +490,30 @@ impl Executor {
     }
 
     /// Commits submissions and moves every finished request to `out`,
-    /// repeating while synchronous backends (null) produce completions. Each
-    /// stays in the table until [`Executor::retire`].
+    /// repeating while its completions put work on a backend that finishes
+    /// it at once (null). Each stays in the table until
+    /// [`Executor::retire`].
     pub fn complete(&mut self, out: &mut Vec<Finished>) {
         out.append(&mut self.ready);
         loop {
-            if let Err(e) = self.engines.commit() {
-                error!("{}: backend submit failed: {e}", self.name);
-            }
             let mut reaped = std::mem::take(&mut self.reaped);
-            self.engines.reap(&mut reaped);
+            // Into the empty scratch list the two lists trade places (each
+            // keeps its allocation), no copy of the completions.
+            if reaped.is_empty() {
+                std::mem::swap(&mut reaped, &mut self.at_once);
+            } else {
+                reaped.append(&mut self.at_once);
+            }
+            // Nothing on an engine (a pass that only met the null backend,
+            // or a hand-back right after a pop): nothing to commit or reap.
+            if self.in_engines > 0 {
+                if let Err(e) = self.engines.commit() {
+                    error!("{}: backend submit failed: {e}", self.name);
+                }
+                let before = reaped.len();
+                self.engines.reap(&mut reaped);
+                self.in_engines = self.in_engines.saturating_sub(reaped.len() - before);
+            }
             if reaped.is_empty() {
                 self.reaped = reaped;
                 return;
@@ -497,9 +529,8 @@ impl Executor {
             }
             // Another round only if these completions put work on a backend
             // (a retry, a request that waited for bounce memory): a null
-            // backend finishes it at once. Otherwise the round would commit
-            // and reap nothing, which a hand-back per request would pay
-            // every time.
+            // backend finishes it at once. Otherwise the round would find
+            // nothing, which a hand-back per request would pay every time.
             if self.submitted == submitted {
                 return;
             }

@@ -1093,6 +1093,31 @@ fn null_latency_delays_completion() {
     assert!(t.elapsed() >= Duration::from_millis(20));
 }
 
+/// With a null latency a read waits on its engine while a flush finishes
+/// when it is submitted: the flush's completion, handed back right away,
+/// must not make the executor forget the read (it commits and reaps only
+/// while an operation is on an engine).
+#[test]
+fn a_request_finished_at_once_does_not_strand_one_still_on_its_engine() {
+    let mut r = Rig::with(
+        Kind::Null,
+        Opts {
+            latency_ns: 20_000_000,
+            ..Opts::default()
+        },
+    );
+    let read = r.push(req_type::IN, 0, &[(DATA, 512, true)]);
+    let flush = r.push(req_type::FLUSH, 0, &[]);
+    let used = r.run();
+    assert_eq!(
+        used,
+        vec![(flush.head as u32, 1), (read.head as u32, 513)],
+        "the flush first, then the read when due"
+    );
+    assert_eq!(r.status(&read), status::OK);
+    assert_eq!(r.status(&flush), status::OK);
+}
+
 #[test]
 fn backends_report_their_completion_fd_once() {
     for kind in FILES {
