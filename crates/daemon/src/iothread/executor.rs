@@ -477,6 +477,7 @@ impl Executor {
     }
 
     /// Whether a backend has completions waiting (cheap: called while polling).
+    #[inline]
     pub fn has_completions(&mut self) -> bool {
         !self.ready.is_empty()
             || !self.at_once.is_empty()
