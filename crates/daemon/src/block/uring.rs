@@ -114,12 +114,20 @@ impl UringEngine {
             // points to stay valid until its completion is reaped.
             if unsafe { self.ring.submission().push(&entry) }.is_ok() {
                 self.queued += 1;
+                // Pushed, the operation is the ring's: this commit or a
+                // later one hands it to the kernel, and its completion comes
+                // from `reap`. A commit that fails here is not its failure:
+                // reported as one, the request would be answered and its
+                // buffers given back to the guest while the entry, which a
+                // later commit submits, still points to them. The next
+                // commit tries again (`Executor::complete` logs its error).
                 if submit_at_once(self.in_kernel) {
-                    self.commit()?;
+                    let _ = self.commit();
                 }
                 return Ok(());
             }
-            // Submission queue full: hand what we have to the kernel first.
+            // Submission queue full: hand what is there to the kernel first
+            // (nothing of this operation is on the ring yet).
             self.commit()?;
         }
     }
@@ -240,6 +248,34 @@ mod tests {
         assert_eq!(e.in_kernel, 0);
         assert!(out.iter().all(|c| c.result == 512), "{out:?}");
         assert!(bufs.iter().all(|b| b.iter().all(|&x| x == 7)));
+    }
+
+    /// Once its entry is on the submission queue an operation is queued,
+    /// even if the commit right after it fails. Here `io_uring_enter` fails
+    /// because the ring's descriptor is made /dev/null's (its mappings
+    /// stay).
+    #[test]
+    fn an_entry_on_the_ring_is_queued_whatever_the_commit_says() {
+        let mut e = UringEngine::new(8).unwrap();
+        let null = std::fs::File::open("/dev/null").unwrap();
+        // SAFETY: dup2 of a descriptor this test owns onto the ring's, which
+        // `e` owns and closes when dropped.
+        assert!(unsafe { libc::dup2(null.as_raw_fd(), e.ring.as_raw_fd()) } >= 0);
+        let flush = IoOp {
+            kind: IoKind::Flush,
+            offset: 0,
+            len: 0,
+            iov: std::ptr::null(),
+            iovcnt: 0,
+            dsync: false,
+            punch: false,
+        };
+        // SAFETY: a flush has no buffers.
+        let submitted = unsafe { e.submit(null.as_raw_fd(), &flush, 1) };
+        assert!(submitted.is_ok(), "{submitted:?}");
+        assert_eq!((e.queued, e.in_kernel), (1, 0));
+        assert!(e.commit().is_err(), "the ring cannot reach the kernel");
+        assert_eq!(e.queued, 1, "still queued for the next commit");
     }
 
     /// A thread that polls the ring and makes no other system call still gets
