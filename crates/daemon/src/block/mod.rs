@@ -342,6 +342,23 @@ pub struct IoOp {
     pub punch: bool,
 }
 
+#[cfg(test)]
+impl IoOp {
+    /// A flush: no buffers, no range (the engines' tests' operation
+    /// without data).
+    pub fn flush() -> IoOp {
+        IoOp {
+            kind: IoKind::Flush,
+            offset: 0,
+            len: 0,
+            iov: std::ptr::null(),
+            iovcnt: 0,
+            dsync: false,
+            punch: false,
+        }
+    }
+}
+
 /// The result of an operation: bytes transferred, or `-errno`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Completion {
@@ -637,21 +654,12 @@ mod tests {
                 punch: false,
             };
             assert_eq!(run(&mut engines, w), 8192, "{kind:?}");
-            let f = IoOp {
-                kind: IoKind::Flush,
-                offset: 0,
-                len: 0,
-                iov: std::ptr::null(),
-                iovcnt: 0,
-                dsync: false,
-                punch: false,
-            };
-            assert_eq!(run(&mut engines, f), 0);
+            assert_eq!(run(&mut engines, IoOp::flush()), 0);
             let z = IoOp {
                 kind: IoKind::WriteZeroes,
                 offset: 4096,
                 len: 4096,
-                ..f
+                ..IoOp::flush()
             };
             assert_eq!(run(&mut engines, z), 0);
             let data = std::fs::read(&p).unwrap();

@@ -200,13 +200,8 @@ mod tests {
     #[test]
     fn flush_completes_at_once_even_with_a_latency() {
         let mut e = NullEngine::new(1_000_000_000).unwrap();
-        let flush = IoOp {
-            kind: IoKind::Flush,
-            len: 0,
-            ..op()
-        };
         // SAFETY: a flush has no buffers.
-        let handed = unsafe { e.submit(&flush, 3, true).unwrap() };
+        let handed = unsafe { e.submit(&IoOp::flush(), 3, true).unwrap() };
         assert_eq!(handed, Handed::Done(0));
         assert!(!e.has_completions());
         assert_eq!(reaped(&mut e), []);

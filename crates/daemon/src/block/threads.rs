@@ -142,7 +142,6 @@ impl Drop for PoolEngine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::block::IoKind;
     use std::time::Duration;
 
     #[test]
@@ -150,15 +149,7 @@ mod tests {
         let mut pool = PoolEngine::new("t", 2, SeccompMode::Off).unwrap();
         assert!(!pool.has_completions());
         let f = tempfile::tempfile().unwrap();
-        let flush = IoOp {
-            kind: IoKind::Flush,
-            offset: 0,
-            len: 0,
-            iov: std::ptr::null(),
-            iovcnt: 0,
-            dsync: false,
-            punch: false,
-        };
+        let flush = IoOp::flush();
         for token in [1, 2] {
             // SAFETY: a flush has no buffers; `f` outlives the jobs.
             unsafe { pool.submit(f.as_raw_fd(), &flush, token).unwrap() };

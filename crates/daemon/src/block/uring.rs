@@ -261,15 +261,7 @@ mod tests {
         // SAFETY: dup2 of a descriptor this test owns onto the ring's, which
         // `e` owns and closes when dropped.
         assert!(unsafe { libc::dup2(null.as_raw_fd(), e.ring.as_raw_fd()) } >= 0);
-        let flush = IoOp {
-            kind: IoKind::Flush,
-            offset: 0,
-            len: 0,
-            iov: std::ptr::null(),
-            iovcnt: 0,
-            dsync: false,
-            punch: false,
-        };
+        let flush = IoOp::flush();
         // SAFETY: a flush has no buffers.
         let submitted = unsafe { e.submit(null.as_raw_fd(), &flush, 1) };
         assert!(submitted.is_ok(), "{submitted:?}");
