@@ -113,13 +113,23 @@ struct Inflight {
     /// still access it (memory can be replaced by the control plane meanwhile).
     mem: Arc<GuestMem>,
     /// The request's guest segments (for a bounce buffer's copy, and for
-    /// the dirty log: the pages a read or GET_ID wrote).
+    /// the dirty log: the pages a read wrote). Without a backend operation,
+    /// the buffers the device model wrote (GET_ID's), or none.
     data: Segments,
-    /// The device wrote `data` (a read, GET_ID).
-    writes_guest: bool,
     /// Its backend operation (None: finished without one: refused,
     /// answered by the device model, failed before submission).
     io: Option<Submission>,
+}
+
+impl Inflight {
+    /// The guest buffers the device wrote: a read's (even a failed one may
+    /// have written them, partly), the device model's answer.
+    fn written(&self) -> &[Segment] {
+        match &self.io {
+            Some(io) if io.transfer.kind() != IoKind::Read => &[],
+            _ => &self.data,
+        }
+    }
 }
 
 /// A request's operation on a backend.
@@ -325,7 +335,6 @@ impl Executor {
             ticket,
             mem: mem.clone(),
             data: written,
-            writes_guest: true,
             io: None,
         });
         self.ready.push(Finished { token, result });
@@ -404,7 +413,6 @@ impl Executor {
             ticket,
             mem: mem.clone(),
             data: io.data,
-            writes_guest: io.kind == IoKind::Read,
             io: Some(Submission {
                 backend,
                 transfer,
@@ -438,12 +446,7 @@ impl Executor {
     /// Hands in-flight request `token` to its backend.
     #[inline]
     fn submit_token(&mut self, token: usize) -> std::io::Result<()> {
-        let Some(io) = self
-            .inflight
-            .get(token)
-            .and_then(Option::as_ref)
-            .and_then(|inf| inf.io.as_ref())
-        else {
+        let Some(io) = submission(&mut self.inflight, token) else {
             return Err(std::io::Error::other("no such in-flight request"));
         };
         self.submitted = self.submitted.wrapping_add(1);
@@ -497,14 +500,10 @@ impl Executor {
     pub fn complete(&mut self, out: &mut Vec<Finished>) {
         out.append(&mut self.ready);
         loop {
-            let mut reaped = std::mem::take(&mut self.reaped);
-            // Into the empty scratch list the two lists trade places (each
-            // keeps its allocation), no copy of the completions.
-            if reaped.is_empty() {
-                std::mem::swap(&mut reaped, &mut self.at_once);
-            } else {
-                reaped.append(&mut self.at_once);
-            }
+            // The scratch list, empty between rounds, trades places with
+            // the completions finished at once (each keeps its allocation):
+            // no copy of them.
+            let mut reaped = std::mem::replace(&mut self.at_once, std::mem::take(&mut self.reaped));
             // Nothing on an engine (a pass that only met the null backend,
             // or a hand-back right after a pop): nothing to commit or reap.
             if self.in_engines > 0 {
@@ -542,16 +541,12 @@ impl Executor {
     /// finishes the request.
     fn on_completion(&mut self, c: Completion, out: &mut Vec<Finished>) {
         let token = c.token as usize;
-        let Some(io) = self
-            .inflight
-            .get_mut(token)
-            .and_then(Option::as_mut)
-            .and_then(|inf| inf.io.as_mut())
-        else {
+        let Some(io) = submission(&mut self.inflight, token) else {
             error!("{}: completion for unknown token {token}", self.name);
             return;
         };
         let backend = io.backend;
+        let read = io.transfer.kind() == IoKind::Read;
         let mut result = match io.transfer.on_completion(c.result) {
             Next::Resubmit => match self.submit_token(token) {
                 Ok(()) => return,
@@ -562,13 +557,9 @@ impl Executor {
         let Some(inf) = self.inflight[token].as_mut() else {
             return;
         };
-        let (bounce, read) = match &mut inf.io {
-            Some(io) => (io.bounce.take(), io.transfer.kind() == IoKind::Read),
-            None => (None, false),
-        };
-        if let Some(mut b) = bounce {
+        if let Some(mut b) = inf.io.as_mut().and_then(|io| io.bounce.take()) {
             self.bounce_bytes -= b.held();
-            if let (Ok(_), true) = (&result, read) {
+            if read && result.is_ok() {
                 if let Err(e) = copy_to_guest(&inf.mem, &inf.data, b.slice()) {
                     result = Err(ExecuteError::BounceCopy(e));
                 }
@@ -589,8 +580,7 @@ impl Executor {
         Some(Done {
             ticket: inf.ticket,
             mem: &inf.mem,
-            // A read wrote its buffers (even a failed one may have, partly).
-            written: if inf.writes_guest { &inf.data } else { &[] },
+            written: inf.written(),
         })
     }
 
@@ -614,6 +604,13 @@ impl Executor {
         }
         finished.clear();
     }
+}
+
+/// The backend operation of the in-flight request `token` of `table` (a
+/// function of the table alone: the executor's other fields stay free to
+/// borrow beside it).
+fn submission(table: &mut [Option<Inflight>], token: usize) -> Option<&mut Submission> {
+    table.get_mut(token)?.as_mut()?.io.as_mut()
 }
 
 /// Appends the host iovecs of guest segments to `iov` (empty); false if any
