@@ -33,8 +33,11 @@
 //!    request rate grows by `probe_gain` (the lowest tick after it settles
 //!    over the highest tick that confirmed it);
 //!    otherwise it is reverted and not tried again for those queues while
-//!    their rate stays within `probe_band` (for `probe_retry_ms`). The
-//!    threads of a probe that paid are not parked while the rate holds.
+//!    their rate stays within `probe_band` of the rate that confirmed it
+//!    (for `probe_retry_ms`): a pause, or a single tick out of the band (a
+//!    burst's first or last), is not a new workload, which would probe
+//!    again at every burst. The threads of a probe that paid are not
+//!    parked while the rate holds.
 //! 4. *Park*: a thread whose queues fit on the other threads below
 //!    `park_below` (best fit; idle queues fit anywhere) gives them away and
 //!    is left parked (no queue, no CPU). The coolest thread goes first,
@@ -214,7 +217,8 @@ pub struct Params {
     /// Ticks after the settle time over which a probe's rate is measured.
     pub probe_ticks: u32,
     /// A probe's verdict holds while its queues' rate stays within this
-    /// fraction of the rate it was measured at.
+    /// fraction of the rate it was measured at (a refusal: while they are
+    /// busy; idle ticks do not end it).
     pub probe_band: f64,
     /// A probe that did not pay is not tried again for this long, ms.
     pub probe_retry_ms: u64,
@@ -288,10 +292,14 @@ enum Stage {
     },
     /// It paid: neither thread is parked while the queues keep this rate.
     Kept { threads: [usize; 2], rate: f64 },
-    /// It did not pay: not tried again at the rate the queues have once
-    /// back on one thread (measured at the first tick after the settle
-    /// time) before `until_ms`.
-    Refused { rate: Option<f64>, until_ms: u64 },
+    /// It did not pay: not tried again before `until_ms` while the queues
+    /// keep the rate they had on one thread (the highest of the ticks that
+    /// confirmed the probe: a tick measured after the revert may be a
+    /// partial one, at the start or the end of a burst). A pause is not a
+    /// new workload: only `confirm_hot` busy ticks in a row out of the band
+    /// forget it (`away` counts them); an idle tick, or one back in the
+    /// band, starts the count again.
+    Refused { rate: f64, until_ms: u64, away: u32 },
 }
 
 /// The policy's state between ticks.
@@ -777,7 +785,7 @@ impl AutoTune {
                         rate: *low,
                     };
                 } else {
-                    let (from, to) = (*from, *to);
+                    let (from, to, rate) = (*from, *to, *before);
                     let back: Vec<usize> = (0..v.owner.len())
                         .filter(|&i| v.owner[i] == to && moved.contains(&v.sample.queues[i].id))
                         .collect();
@@ -787,8 +795,9 @@ impl AutoTune {
                             .collect(),
                     );
                     probe.stage = Stage::Refused {
-                        rate: None,
+                        rate,
                         until_ms: now + p.probe_retry_ms,
+                        away: 0,
                     };
                 }
             }
@@ -798,9 +807,22 @@ impl AutoTune {
                     return None;
                 }
             }
-            Stage::Refused { rate: r, until_ms } => {
-                let r = *r.get_or_insert(rate);
-                if now >= *until_ms || !keep(r) {
+            Stage::Refused {
+                rate: r,
+                until_ms,
+                away,
+            } => {
+                if now >= *until_ms {
+                    return None;
+                }
+                // Idle queues (a pause) say nothing of the workload, nor
+                // does one tick (the partial one a burst starts or ends in).
+                if load_of(v, &probe.queues) >= IDLE_LOAD && !keep(*r) {
+                    *away += 1;
+                } else {
+                    *away = 0;
+                }
+                if *away >= p.confirm_hot {
                     return None;
                 }
             }
@@ -816,7 +838,7 @@ impl AutoTune {
     /// by `probe_gain`. Its load cannot say whether a second thread pays:
     /// the time it spends polling may be its queues waiting on each other.
     /// One probe at a time; one that did not pay is not tried again for
-    /// the same queues at the same rate.
+    /// the same queues at the same rate, pauses between (`Stage::Refused`).
     fn start_probe(&mut self, v: &mut View) -> Vec<Decision> {
         let p = self.params;
         let s = v.sample;
@@ -922,6 +944,17 @@ impl AutoTune {
         *v = w;
         out
     }
+}
+
+/// The summed load of `queues` (a fraction of a core) in `v`.
+fn load_of(v: &View, queues: &[QueueId]) -> f64 {
+    v.sample
+        .queues
+        .iter()
+        .zip(&v.qload)
+        .filter(|(q, _)| queues.contains(&q.id))
+        .map(|(_, l)| l)
+        .sum()
 }
 
 /// The summed request rate of `queues` in `s`.

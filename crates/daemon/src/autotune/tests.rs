@@ -409,6 +409,83 @@ fn a_probe_that_does_not_raise_the_rate_is_reverted_and_not_retried() {
     );
 }
 
+/// A pause is not a new workload: a probe that did not pay is not tried
+/// again when the same queues come back at the same rate after a pause (a
+/// guest's idle spell, the gaps of a sweep between its runs), with the
+/// partial ticks around it. A rate that stays out of the band is a new
+/// workload: it is.
+#[test]
+fn a_probe_refused_before_a_pause_is_not_tried_again_after_it() {
+    let mut p = AutoTune::new(Params::default());
+    let mut owners = [0, 0, 0, 0];
+    // Two threads do no more than one (the shape of 4 jobs at QD1 with a
+    // device's latency).
+    let four = |owners: &[usize]| {
+        let each = if owners.iter().all(|&o| o == owners[0]) {
+            11_000.0
+        } else {
+            10_000.0
+        };
+        vec![each; 4]
+    };
+    let log = tick(&mut p, 2, &mut owners, (0, 20), four);
+    assert!(
+        log.iter().any(|(_, d)| d.reason == Reason::Revert),
+        "{log:?}"
+    );
+    assert_eq!(owners, [0; 4]);
+    // Five pauses of 5 s, each with a tick at half the rate on either side.
+    let t = pauses(&mut p, &mut owners, 20, four);
+    // A rate out of the band, tick after tick: a new workload, tried.
+    let log = tick(&mut p, 2, &mut owners, (t, t + 10), |_| vec![20_000.0; 4]);
+    assert!(
+        log.iter().any(|(_, d)| d.reason == Reason::Probe),
+        "{log:?}"
+    );
+
+    // A pause while a probe is measured: it is undone, and not tried again
+    // when the bursts come back.
+    let mut p = AutoTune::new(Params::default());
+    let mut owners = [0, 0, 0, 0];
+    let mut t = 0;
+    while owners == [0; 4] {
+        assert!(t < 10, "no probe");
+        tick(&mut p, 2, &mut owners, (t, t + 1), four);
+        t += 1;
+    }
+    let log = tick(&mut p, 2, &mut owners, (t, t + 6), |_| vec![0.0; 4]);
+    assert!(
+        log.iter().any(|(_, d)| d.reason == Reason::Revert),
+        "{log:?}"
+    );
+    assert_eq!(owners, [0; 4]);
+    pauses(&mut p, &mut owners, t + 6, four);
+}
+
+/// Ticks five bursts of `rates` from `t` s, each 5 s long with a tick at
+/// half its rate on either side and a pause of 5 s after it, asserting that
+/// nothing moves; returns the time after them.
+fn pauses(
+    p: &mut AutoTune,
+    owners: &mut [usize],
+    mut t: u64,
+    rates: impl Fn(&[usize]) -> Vec<f64> + Copy,
+) -> u64 {
+    for _ in 0..5 {
+        for s in 0..12 {
+            let at = move |owners: &[usize]| match s {
+                0 | 6 => rates(owners).iter().map(|r| r / 2.0).collect(),
+                1..=5 => rates(owners),
+                _ => vec![0.0; 4],
+            };
+            let log = tick(p, 2, owners, (t, t + 1), at);
+            assert!(log.is_empty(), "at {t} s: {log:?}");
+            t += 1;
+        }
+    }
+    t
+}
+
 #[test]
 fn no_probe_without_two_busy_queues_a_sleepless_thread_or_room() {
     // One busy queue: nothing to split.
