@@ -214,7 +214,8 @@ pub struct Params {
     /// lowest tick after it over the highest tick that confirmed it, so
     /// that the gain shows above the ticks' own noise.
     pub probe_gain: f64,
-    /// Ticks after the settle time over which a probe's rate is measured.
+    /// Ticks after the settle time over which a probe's rate is measured
+    /// (a tick below the gain undoes it at once: the lowest only falls).
     pub probe_ticks: u32,
     /// A probe's verdict holds while its queues' rate stays within this
     /// fraction of the rate it was measured at (a refusal: while they are
@@ -777,9 +778,12 @@ impl AutoTune {
             } => {
                 *low = low.min(rate);
                 *ticks += 1;
-                if *ticks < p.probe_ticks {
+                // The lowest tick only falls: one below the gain already
+                // decides, a tick before the last.
+                let pays = *low >= *before * (1.0 + p.probe_gain);
+                if pays && *ticks < p.probe_ticks {
                     out = Some(Vec::new());
-                } else if *low >= *before * (1.0 + p.probe_gain) {
+                } else if pays {
                     probe.stage = Stage::Kept {
                         threads: [*from, *to],
                         rate: *low,
