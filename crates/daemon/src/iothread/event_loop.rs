@@ -199,6 +199,13 @@ impl IoThread {
                 self.arm_notifications(&mut ready);
             }
             if !polled_hit && !slept && self.nothing_yet(&ready, completed) {
+                // Now and then a timed nap first, to measure the timer again
+                // (PollPolicy::sample_nap): an event ends it as it would end
+                // the sleep.
+                let sample = if serving { self.policy.sample_nap() } else { 0 };
+                if sample > 0 {
+                    self.nap(sample, &mut events, &mut ready, &mut completed);
+                }
                 let t = monotonic_ns();
                 // Until something real happens: a stale edge (see handle_events)
                 // is not a reason to run a pass.

@@ -74,6 +74,15 @@ pub const ADAPTIVE_MIN_POLL_NS: u64 = 1_000;
 /// Shortest hybrid-polling nap ([`PollPolicy::nap_at`]).
 pub const MIN_NAP_NS: u64 = 1_000;
 
+/// Sleeps without a timer after which an adaptive thread whose naps have not
+/// told it their lateness since takes a timed nap first
+/// ([`PollPolicy::sample_nap`]).
+pub const NAP_SAMPLE_EVERY: u32 = 64;
+
+/// Length of a nap taken to measure the timer's lateness (the calibration's
+/// naps are as long), in ns.
+pub const NAP_SAMPLE_NS: u64 = 20_000;
+
 /// CPU a nap must save over spinning through the same time, in ns, at least
 /// ([`PollPolicy::nap_at`] also asks for a quarter of the nap's length): below
 /// this the risk of a late timer is not worth it.
@@ -477,6 +486,30 @@ impl PollPolicy {
     /// with half of it as deviation).
     pub fn observe_nap(&mut self, requested_ns: u64, elapsed_ns: u64) {
         self.nap.observe(requested_ns, elapsed_ns);
+    }
+
+    /// Called before a sleep without a timer (until an event): the length of a
+    /// timed nap to take first, or 0. The lateness of naps is learnt from the
+    /// naps that end by their timer, and a thread whose calibration came out
+    /// high (measured while the host was busy: a daemon started beside
+    /// others) does not nap at all, so nothing would ever correct it: it
+    /// would keep sleeping through gaps that a nap and a spin would serve.
+    /// So, adaptive only, once [`NAP_SAMPLE_EVERY`] such sleeps passed
+    /// without a nap ended by its timer ([`Self::observe_nap`]), each one
+    /// starts with a nap of [`NAP_SAMPLE_NS`] until one ends by its timer.
+    /// An event that ends it first is served as the sleep would have served
+    /// it; one that ends by its timer costs a wake-up, at most once in
+    /// [`NAP_SAMPLE_EVERY`] sleeps.
+    pub fn sample_nap(&mut self) -> u64 {
+        match &self.algo {
+            Algorithm::Adaptive(_) if self.params.poll_max_ns != 0 => {}
+            _ => return 0,
+        }
+        if self.nap.sleep_unsampled() >= NAP_SAMPLE_EVERY {
+            NAP_SAMPLE_NS
+        } else {
+            0
+        }
     }
 
     /// Sets the nap lateness from a calibration: its typical value and spread

@@ -101,6 +101,8 @@ pub(super) struct NapTiming {
     late_dev: u64,
     /// Thread CPU time one nap costs.
     cpu_ns: u64,
+    /// Sleeps without a timer since the lateness was last measured.
+    unsampled: u32,
 }
 
 impl Default for NapTiming {
@@ -109,6 +111,7 @@ impl Default for NapTiming {
             late_ns: 0,
             late_dev: 0,
             cpu_ns: DEFAULT_NAP_CPU_NS,
+            unsampled: 0,
         }
     }
 }
@@ -150,6 +153,7 @@ impl NapTiming {
     /// A nap of `requested_ns` ended by its timer after `elapsed_ns`: see
     /// [`super::PollPolicy::observe_nap`].
     pub(super) fn observe(&mut self, requested_ns: u64, elapsed_ns: u64) {
+        self.unsampled = 0;
         let mut x = elapsed_ns
             .saturating_sub(requested_ns)
             .clamp(1, NAP_SAMPLE_CAP_NS);
@@ -168,8 +172,16 @@ impl NapTiming {
         self.late_ns = ewma(self.late_ns, x, MEAN_SHIFT).max(1);
     }
 
+    /// A sleep without a timer: how many there were since the lateness was
+    /// last measured, this one included.
+    pub(super) fn sleep_unsampled(&mut self) -> u32 {
+        self.unsampled = self.unsampled.saturating_add(1);
+        self.unsampled
+    }
+
     /// Sets the lateness from a calibration (typical value and spread).
     pub(super) fn set_late(&mut self, typical_ns: u64, spread_ns: u64) {
+        self.unsampled = 0;
         self.late_ns = typical_ns.clamp(1, NAP_SAMPLE_CAP_NS);
         self.late_dev = spread_ns.min(NAP_SAMPLE_CAP_NS);
     }

@@ -161,6 +161,67 @@ fn nap_lateness_is_learnt_from_measured_naps() {
     assert_eq!(q.nap_late_ns(), 1);
 }
 
+/// A calibration that came out high (the host busy while the thread
+/// started) is measured again: a thread that sleeps until its events takes
+/// a timed nap first now and then, and the naps that end by their timer
+/// bring the estimate down to what the host does now.
+#[test]
+fn a_high_calibration_is_measured_again_by_sampled_naps() {
+    let mut p = calibrated(1, 96_000, 10_000);
+    let mut sleeps = 0;
+    let mut sampled = 0;
+    while p.nap_late_ns() > 20_000 {
+        assert!(
+            sleeps < 100 * u64::from(NAP_SAMPLE_EVERY),
+            "{}",
+            p.nap_late_ns()
+        );
+        sleeps += 1;
+        match p.sample_nap() {
+            0 => {}
+            n => {
+                assert_eq!(n, NAP_SAMPLE_NS);
+                sampled += 1;
+                // Every other sample is ended by an event: tried again at
+                // the next sleep.
+                if sampled % 2 == 0 {
+                    p.observe_nap(n, n + 8_000);
+                }
+            }
+        }
+    }
+    // One timed nap in NAP_SAMPLE_EVERY sleeps, plus the tries ended early.
+    assert!(
+        sampled <= 2 * sleeps / u64::from(NAP_SAMPLE_EVERY) + 2,
+        "{sampled} in {sleeps}"
+    );
+    assert!(sleeps < 40 * u64::from(NAP_SAMPLE_EVERY), "{sleeps}");
+    // Naps that tell their lateness anyway (the policy's own) leave no need.
+    for _ in 0..10 * NAP_SAMPLE_EVERY {
+        p.observe_nap(10_000, 18_000);
+        assert_eq!(p.sample_nap(), 0);
+    }
+    // Other modes never nap, nor does poll-max-ns=0.
+    for mode in [
+        PollMode::Off,
+        PollMode::Busy,
+        PollMode::Classic,
+        PollMode::Weighted,
+    ] {
+        let mut q = PollPolicy::new(mode, PollParams::default(), 1);
+        assert!(
+            (0..2 * NAP_SAMPLE_EVERY).all(|_| q.sample_nap() == 0),
+            "{mode:?}"
+        );
+    }
+    let params = PollParams {
+        poll_max_ns: 0,
+        ..PollParams::default()
+    };
+    let mut q = PollPolicy::new(PollMode::Adaptive, params, 1);
+    assert!((0..2 * NAP_SAMPLE_EVERY).all(|_| q.sample_nap() == 0));
+}
+
 #[test]
 fn no_nap_for_events_too_scattered_for_the_spin_after_it() {
     // Naps end 60 us late, +- 5 (this VM's wake-up while loaded).
