@@ -393,13 +393,26 @@ impl PollPolicy {
     /// it is bounded by [`Self::nap_spin_ns`]. Every other mode never naps,
     /// nor does `poll-max-ns=0`.
     pub fn nap_at(&self, now_ns: u64) -> u64 {
+        let Some(a) = self.napping() else {
+            return 0;
+        };
+        let (wakeup, max) = (self.wakeup_ns(), self.spin_max_ns());
+        nap::nap_at(
+            a.rhythms(),
+            &self.nap,
+            wakeup,
+            max,
+            now_ns,
+            a.after_answer(),
+        )
+    }
+
+    /// The adaptive algorithm's state, if this policy naps: adaptive, with
+    /// `poll-max-ns` not 0.
+    fn napping(&self) -> Option<&Adaptive> {
         match &self.algo {
-            Algorithm::Adaptive(a) if self.params.poll_max_ns != 0 => {
-                let (wakeup, max) = (self.wakeup_ns(), self.spin_max_ns());
-                let answered = a.after_answer();
-                nap::nap_at(a.rhythms(), &self.nap, wakeup, max, now_ns, answered)
-            }
-            _ => 0,
+            Algorithm::Adaptive(a) if self.params.poll_max_ns != 0 => Some(a),
+            _ => None,
         }
     }
 
@@ -501,9 +514,8 @@ impl PollPolicy {
     /// it; one that ends by its timer costs a wake-up, at most once in
     /// [`NAP_SAMPLE_EVERY`] sleeps.
     pub fn sample_nap(&mut self) -> u64 {
-        match &self.algo {
-            Algorithm::Adaptive(_) if self.params.poll_max_ns != 0 => {}
-            _ => return 0,
+        if self.napping().is_none() {
+            return 0;
         }
         if self.nap.sleep_unsampled() >= NAP_SAMPLE_EVERY {
             NAP_SAMPLE_NS

@@ -89,26 +89,29 @@ fn adaptive_naps_only_when_events_are_predictably_late() {
     p.set_nap_cpu_ns(60_000);
     assert_eq!(p.nap_at(t2 + 1_000), 0);
     // Other modes, and poll-max-ns=0, never nap.
-    for mode in [
+    for mut p in never_napping() {
+        let t = rhythm(&mut p, 0, 1_000, 30_000, 50);
+        assert_eq!(p.nap_at(t), 0, "{:?}", p.mode());
+    }
+}
+
+/// A policy of each kind that never naps: every mode but adaptive, and
+/// adaptive with `poll-max-ns=0`; one source.
+fn never_napping() -> Vec<PollPolicy> {
+    let no_polling = PollParams {
+        poll_max_ns: 0,
+        ..PollParams::default()
+    };
+    [
         PollMode::Classic,
         PollMode::Weighted,
         PollMode::Busy,
         PollMode::Off,
-    ] {
-        let mut p = PollPolicy::new(mode, PollParams::default(), 1);
-        let t = rhythm(&mut p, 0, 1_000, 30_000, 50);
-        assert_eq!(p.nap_at(t), 0, "{mode:?}");
-    }
-    let mut p = PollPolicy::new(
-        PollMode::Adaptive,
-        PollParams {
-            poll_max_ns: 0,
-            ..Default::default()
-        },
-        1,
-    );
-    let t = rhythm(&mut p, 0, 1_000, 30_000, 50);
-    assert_eq!(p.nap_at(t), 0);
+    ]
+    .into_iter()
+    .map(|mode| PollPolicy::new(mode, PollParams::default(), 1))
+    .chain([PollPolicy::new(PollMode::Adaptive, no_polling, 1)])
+    .collect()
 }
 
 #[test]
@@ -202,24 +205,13 @@ fn a_high_calibration_is_measured_again_by_sampled_naps() {
         assert_eq!(p.sample_nap(), 0);
     }
     // Other modes never nap, nor does poll-max-ns=0.
-    for mode in [
-        PollMode::Off,
-        PollMode::Busy,
-        PollMode::Classic,
-        PollMode::Weighted,
-    ] {
-        let mut q = PollPolicy::new(mode, PollParams::default(), 1);
+    for mut q in never_napping() {
         assert!(
             (0..2 * NAP_SAMPLE_EVERY).all(|_| q.sample_nap() == 0),
-            "{mode:?}"
+            "{:?}",
+            q.mode()
         );
     }
-    let params = PollParams {
-        poll_max_ns: 0,
-        ..PollParams::default()
-    };
-    let mut q = PollPolicy::new(PollMode::Adaptive, params, 1);
-    assert!((0..2 * NAP_SAMPLE_EVERY).all(|_| q.sample_nap() == 0));
 }
 
 #[test]
