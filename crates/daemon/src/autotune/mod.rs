@@ -789,9 +789,9 @@ impl AutoTune {
                         rate: *low,
                     };
                 } else {
-                    let (from, to, rate) = (*from, *to, *before);
-                    let back: Vec<usize> = (0..v.owner.len())
-                        .filter(|&i| v.owner[i] == to && moved.contains(&v.sample.queues[i].id))
+                    let (from, to, before) = (*from, *to, *before);
+                    let back: Vec<usize> = indexes_of(v.sample, moved)
+                        .filter(|&i| v.owner[i] == to)
                         .collect();
                     out = Some(
                         back.into_iter()
@@ -799,7 +799,7 @@ impl AutoTune {
                             .collect(),
                     );
                     probe.stage = Stage::Refused {
-                        rate,
+                        rate: before,
                         until_ms: now + p.probe_retry_ms,
                         away: 0,
                     };
@@ -950,23 +950,20 @@ impl AutoTune {
     }
 }
 
+/// The indexes in `s` of `queues`.
+fn indexes_of<'a>(s: &'a Sample, queues: &'a [QueueId]) -> impl Iterator<Item = usize> + 'a {
+    (0..s.queues.len()).filter(move |&i| queues.contains(&s.queues[i].id))
+}
+
 /// The summed load of `queues` (a fraction of a core) in `v`.
 fn load_of(v: &View, queues: &[QueueId]) -> f64 {
-    v.sample
-        .queues
-        .iter()
-        .zip(&v.qload)
-        .filter(|(q, _)| queues.contains(&q.id))
-        .map(|(_, l)| l)
-        .sum()
+    indexes_of(v.sample, queues).map(|i| v.qload[i]).sum()
 }
 
 /// The summed request rate of `queues` in `s`.
 fn rate_of(s: &Sample, queues: &[QueueId]) -> f64 {
-    s.queues
-        .iter()
-        .filter(|q| queues.contains(&q.id))
-        .map(|q| q.rate.max(0.0))
+    indexes_of(s, queues)
+        .map(|i| s.queues[i].rate.max(0.0))
         .sum()
 }
 

@@ -335,6 +335,20 @@ fn two_busy(one: f64, two: f64) -> impl Fn(&[usize]) -> Vec<f64> {
     }
 }
 
+/// Four busy queues on a thread that never sleeps; each does `together`
+/// requests a second while all four share a thread and `apart` when they
+/// do not.
+fn four_busy(together: f64, apart: f64) -> impl Fn(&[usize]) -> Vec<f64> + Copy {
+    move |owners: &[usize]| {
+        let each = if owners.iter().all(|&o| o == owners[0]) {
+            together
+        } else {
+            apart
+        };
+        vec![each; 4]
+    }
+}
+
 #[test]
 fn a_thread_that_never_sleeps_is_probed_and_kept_when_the_rate_grows() {
     let mut p = AutoTune::new(Params::default());
@@ -369,14 +383,7 @@ fn a_probe_that_does_not_raise_the_rate_is_reverted_and_not_retried() {
     let mut p = AutoTune::new(Params::default());
     let mut owners = [0, 0, 0, 0];
     // Four busy queues: the ones that did not move are not a new set to try.
-    let four = |owners: &[usize]| {
-        let each = if owners.iter().all(|&o| o == owners[0]) {
-            30_000.0
-        } else {
-            30_500.0
-        };
-        vec![each; 4]
-    };
+    let four = four_busy(30_000.0, 30_500.0);
     let log = tick(&mut p, 2, &mut owners, (0, 200), four);
     let probes: Vec<_> = log
         .iter()
@@ -420,14 +427,7 @@ fn a_probe_refused_before_a_pause_is_not_tried_again_after_it() {
     let mut owners = [0, 0, 0, 0];
     // Two threads do no more than one (the shape of 4 jobs at QD1 with a
     // device's latency).
-    let four = |owners: &[usize]| {
-        let each = if owners.iter().all(|&o| o == owners[0]) {
-            11_000.0
-        } else {
-            10_000.0
-        };
-        vec![each; 4]
-    };
+    let four = four_busy(11_000.0, 10_000.0);
     let log = tick(&mut p, 2, &mut owners, (0, 20), four);
     assert!(
         log.iter().any(|(_, d)| d.reason == Reason::Revert),
