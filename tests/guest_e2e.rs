@@ -607,6 +607,13 @@ impl Drop for Guest {
 
 // ------------------------------------------------------------------ checks
 
+/// How many times run-guest.sh booted the guest `tag` again because QEMU
+/// crashed on its own assertion before the guest's init ran (each such boot is
+/// one more vhost-user connection for the backend).
+fn booted_again(case: &Case, tag: &str) -> usize {
+    count_in(&case.dir.join(format!("{tag}-run.err")), "booting again")
+}
+
 /// `scripts/check-image.py`: the guest's patterns are in the image.
 fn check_image(case: &Case, image: &Path, writers: u32, region_kib: u32, seed: u32, discard: bool) {
     let mut cmd = Command::new("python3");
@@ -863,10 +870,15 @@ fn guest_reboot_and_second_boot_same_daemon() {
         ) == 1,
         || "the guest kernel did not reboot exactly once".into(),
     );
-    // The reset happened inside one vhost-user connection.
+    // The reset happened inside one vhost-user connection (one more for each
+    // time run-guest.sh booted QEMU again after an emulator crash at boot).
+    let again = booted_again(&case, "guest1");
     let conns = count_in(&dlog, "frontend connected");
-    case.check(conns == 1, || {
-        format!("expected 1 vhost-user connection for both boots of QEMU 1, saw {conns}")
+    case.check(conns == 1 + again, || {
+        format!(
+            "expected 1 vhost-user connection for both boots of QEMU 1 \
+             (+{again} for QEMU booted again), saw {conns}"
+        )
     });
 
     // QEMU 2: a fresh process (new connection, fresh device): read-verify only.
@@ -878,7 +890,8 @@ fn guest_reboot_and_second_boot_same_daemon() {
     let r = Guest::spawn(&case, "guest2", &sock, &GuestOpts::new(2, 4, &append)).expect_ok(&case);
     check_facts(&case, &r, 2, CAPACITY_SECTORS, serial, false);
     check_writers(&case, &r, 4);
-    case.check(count_in(&dlog, "frontend connected") == 2, || {
+    let again = again + booted_again(&case, "guest2");
+    case.check(count_in(&dlog, "frontend connected") == 2 + again, || {
         "expected a second vhost-user connection for QEMU 2".into()
     });
     case.check(d.alive(), || "vqblk died".into());
@@ -1449,5 +1462,90 @@ fn guest_io_under_a_200_iops_limit() {
     case.check(total(&fin, "throttled") > 1000, || {
         format!("the daemon held requests back: {fin}")
     });
+    case.done();
+}
+
+/// run-guest.sh boots QEMU once more when QEMU aborts on one of its own known
+/// TCG assertions before the guest's init ran, and only then: a stand-in
+/// `qemu-system-x86_64` (first on PATH) plays each crash, and the backend's
+/// part is nothing (no socket is opened).
+#[test]
+fn run_guest_boots_again_only_after_an_emulator_crash_at_boot() {
+    let case = Case::new("run-guest-retry");
+    let bin = case.dir.join("bin");
+    fs::create_dir_all(&bin).unwrap();
+    let fake = bin.join("qemu-system-x86_64");
+    // Each call counts itself, finds its serial log (`-serial file:PATH`) and
+    // plays the step of $FAKE_PLAN for this call: `boot` aborts before init,
+    // `late` after init printed, `other` on an assertion not in the list,
+    // `ok` reports a result.
+    fs::write(
+        &fake,
+        r#"#!/bin/sh
+n=$(( $(cat "$FAKE_CALLS" 2>/dev/null || echo 0) + 1 )); echo $n > "$FAKE_CALLS"
+log=''; prev=''
+for a in "$@"; do [ "$prev" = -serial ] && log=${a#file:}; prev=$a; done
+: > "$log"
+step=$(echo "$FAKE_PLAN" | cut -d, -f$n)
+abort() { echo "qemu-system-x86_64: $1: Assertion \`x' failed." >&2; exit 134; }
+case "$step" in
+    boot) abort 'system/physmem.c:2678: iotlb_to_section' ;;
+    late) echo 'vqblk: init started at 4.2s' >> "$log"; abort 'hw/pci/msix.c:226: msix_table_mmio_write' ;;
+    other) abort 'hw/core/qdev.c:1: qdev_realize' ;;
+    ok) echo 'vqblk: init started at 4.2s' >> "$log"; echo 'VQBLK-RESULT {"ok":true,"mode":"fake"}' >> "$log" ;;
+esac
+"#,
+    )
+    .unwrap();
+    fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let run = |plan: &str| -> (i32, u32, usize) {
+        let calls = case.dir.join(format!("{plan}.calls"));
+        let err = case.dir.join(format!("{plan}-run.err"));
+        let st = Command::new(kit().repo.join("scripts/run-guest.sh"))
+            .arg("--socket")
+            .arg(case.dir.join("none.sock"))
+            .arg("--guest-dir")
+            .arg(&kit().guest_dir)
+            .arg("--log")
+            .arg(case.dir.join(format!("{plan}-serial.log")))
+            .args(["--timeout", "30"])
+            .env("PATH", &path)
+            .env("FAKE_PLAN", plan)
+            .env("FAKE_CALLS", &calls)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(&err).unwrap())
+            .status()
+            .unwrap();
+        let n = fs::read_to_string(&calls).unwrap_or_default();
+        let again = booted_again(&case, plan);
+        (
+            st.code().unwrap_or(-1),
+            n.trim().parse().unwrap_or(0),
+            again,
+        )
+    };
+    // (plan, run-guest's exit, QEMU runs, boots again)
+    for (plan, want) in [
+        ("boot,ok", (0, 2, 1)),
+        ("ok", (0, 1, 0)),
+        ("late,ok", (2, 1, 0)),
+        ("other,ok", (2, 1, 0)),
+        ("boot,boot,ok", (2, 2, 1)),
+    ] {
+        let got = run(plan);
+        eprintln!(
+            "[e2e]   plan {plan}: exit {}, {} QEMU runs, booted again {}",
+            got.0, got.1, got.2
+        );
+        case.check(got == want, || {
+            format!("plan {plan}: (exit, QEMU runs, booted again) {got:?}, expected {want:?}")
+        });
+    }
     case.done();
 }
