@@ -90,6 +90,16 @@ impl fmt::Display for Cell {
 /// a shorter ramp would measure it before it has seen the cell's load.
 pub const AUTO_RAMP_S: f64 = 4.0;
 
+/// The least warm-up of the discarded run of `auto` that opens each cell,
+/// seconds: long enough for a probe (docs/autotune.md) to be confirmed (2
+/// ticks), made, settled (2 s), judged (1-2 ticks) and, when it does not pay,
+/// undone and settled again, so that a cell's measured runs see the placement
+/// the tuner settles on, not its try (a probe that fell into a 1 s measured
+/// run cost it up to 1.9x the CPU per request). The tuner keeps its verdict
+/// for the measured runs that follow (the server and its controller live
+/// through the sweep).
+pub const AUTO_WARMUP_RAMP_S: f64 = 8.0;
+
 /// What serves the disk in one column of the study.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Setup {

@@ -15,7 +15,9 @@ use vqblk_daemon::size::{parse_size, size_label};
 
 use super::host::create_image;
 use super::{BaselineKind, SweepArgs};
-use crate::matrix::{fio_duration, parse_duration, Cell, Matrix, Op, Setup, AUTO_RAMP_S};
+use crate::matrix::{
+    fio_duration, parse_duration, Cell, Matrix, Op, Setup, AUTO_RAMP_S, AUTO_WARMUP_RAMP_S,
+};
 use crate::results::Storage;
 
 /// The storage under test.
@@ -453,8 +455,37 @@ impl Plan {
         }
     }
 
-    /// The `vqblk bench` command line of one cell in one column.
+    /// The `vqblk bench` command line of one measured run of a cell in one
+    /// column.
     pub fn bench_argv(&self, cell: &Cell, setup: Setup, server_pid: Option<u32>) -> Vec<String> {
+        self.run_argv(cell, setup, server_pid, self.ramp_s(setup, false))
+    }
+
+    /// The `vqblk bench` command line of a warm-up run (discarded) of a cell
+    /// in one column: as a measured run's, with `auto`'s longer warm-up ramp
+    /// ([`AUTO_WARMUP_RAMP_S`]).
+    pub fn warmup_argv(&self, cell: &Cell, setup: Setup, server_pid: Option<u32>) -> Vec<String> {
+        self.run_argv(cell, setup, server_pid, self.ramp_s(setup, true))
+    }
+
+    /// The ramp of a run in column `setup`, seconds: the matrix's; `auto`'s
+    /// runs at least [`AUTO_RAMP_S`], its warm-ups at least
+    /// [`AUTO_WARMUP_RAMP_S`].
+    pub fn ramp_s(&self, setup: Setup, warmup: bool) -> f64 {
+        match setup {
+            Setup::Auto if warmup => self.matrix.ramp_s.max(AUTO_WARMUP_RAMP_S),
+            Setup::Auto => self.matrix.ramp_s.max(AUTO_RAMP_S),
+            _ => self.matrix.ramp_s,
+        }
+    }
+
+    fn run_argv(
+        &self,
+        cell: &Cell,
+        setup: Setup,
+        server_pid: Option<u32>,
+        ramp: f64,
+    ) -> Vec<String> {
         let target = match (setup, &self.target) {
             (Setup::Native, Target::Image { path, .. }) => format!("file:{}", path.display()),
             (Setup::Native, Target::Device { path, .. }) => format!("dev:{}", path.display()),
@@ -479,10 +510,6 @@ impl Plan {
             "--runtime".into(),
             fio_duration(self.matrix.runtime_s),
         ];
-        let ramp = match setup {
-            Setup::Auto => self.matrix.ramp_s.max(AUTO_RAMP_S),
-            _ => self.matrix.ramp_s,
-        };
         if ramp > 0.0 {
             v.extend(["--ramp_time".into(), fio_duration(ramp)]);
         }
@@ -534,7 +561,10 @@ impl Plan {
             if let Some(a) = self.server_argv(Setup::Auto) {
                 m.insert(
                     "auto".into(),
-                    format!("{} (runs ramp at least {AUTO_RAMP_S} s)", shell_join(&a)),
+                    format!(
+                        "{} (runs ramp at least {AUTO_RAMP_S} s, warm-ups {AUTO_WARMUP_RAMP_S} s)",
+                        shell_join(&a)
+                    ),
                 );
             }
         }

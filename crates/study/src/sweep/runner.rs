@@ -310,7 +310,7 @@ impl<'a> Sweep<'a> {
             if !self.servers.contains_key(&step.setup) {
                 continue;
             }
-            let outcome = self.attempt(step.setup, &step.cell)?;
+            let outcome = self.attempt(step)?;
             self.progress.tick(&format!("{} {}", step.setup, step.cell));
             match (outcome, step.run) {
                 (Some(_), None) => {}
@@ -337,15 +337,15 @@ impl<'a> Sweep<'a> {
 
     /// One run, retried once: a transient failure (the host is shared) costs a
     /// retry, a persistent one a missing value. Every failed attempt is recorded.
-    fn attempt(
-        &mut self,
-        setup: Setup,
-        cell: &Cell,
-    ) -> anyhow::Result<Option<(Measured, Vec<String>)>> {
+    fn attempt(&mut self, step: &Step) -> anyhow::Result<Option<(Measured, Vec<String>)>> {
+        let (setup, cell) = (step.setup, &step.cell);
         for attempt in 1..=2 {
             self.restart_if_dead(setup)?;
             let pid = self.server(setup).map(ServerProc::pid);
-            let argv = self.plan.bench_argv(cell, setup, pid);
+            let argv = match step.run {
+                Some(_) => self.plan.bench_argv(cell, setup, pid),
+                None => self.plan.warmup_argv(cell, setup, pid),
+            };
             let before = self.tune_state(setup);
             let result =
                 run_with_timeout(&argv, self.limit).and_then(|out| parse_bench_json(&out, cell.op));

@@ -98,6 +98,16 @@ fn null_plan_has_no_native_and_the_baseline_is_poll_off() {
         "4000ms",
         "the tuner gets time to see the load"
     );
+    let warmup_ramp = |s| {
+        let argv = p.warmup_argv(&cell, s, None);
+        argv[argv.iter().position(|a| a == "--ramp_time").unwrap() + 1].clone()
+    };
+    assert_eq!(warmup_ramp(Setup::IoThreads(2)), "250ms");
+    assert_eq!(
+        warmup_ramp(Setup::Auto),
+        "8000ms",
+        "auto's warm-up holds a probe and its verdict"
+    );
     let cell = Cell {
         bs: 4096,
         op: Op::Randwrite,
