@@ -508,6 +508,46 @@ fn qemu(
     Proc::spawn(case, tag, &mut cmd)
 }
 
+/// QEMU crashed on its own while the guest booted, before the guest's init
+/// ran (`scripts/qemu-crashed-at-boot.sh` knows the crashes; `log` is the
+/// QEMU process's stderr, `serial` its guest's console).
+fn emulator_crashed_at_boot(log: &Path, serial: &Path) -> bool {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/qemu-crashed-at-boot.sh");
+    Command::new(script)
+        .arg(log)
+        .arg(serial)
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Starts the source QEMU and waits until its guest's I/O runs; booted once
+/// more if QEMU crashed on its own at boot ([`emulator_crashed_at_boot`]).
+fn boot_source(case: &Case, sock: &Path, qmp: &Path, serial: &Path, s: Setup) -> (Proc, Qmp) {
+    for attempt in 1..=2 {
+        let mut src = qemu(case, "src", sock, qmp, s, None);
+        let qa = Qmp::connect(case, qmp);
+        wait_for(
+            case,
+            "guest I/O on the source",
+            Duration::from_secs(120),
+            || progress(serial).len() >= 2 * s.writers as usize || !src.alive(),
+        );
+        if src.alive() {
+            return (src, qa);
+        }
+        let log = case.dir.join("src.log");
+        if attempt == 1 && emulator_crashed_at_boot(&log, serial) {
+            eprintln!("[mig] source QEMU aborted on its own assertion at boot; booting again");
+            // Kept for the record: the next boot writes src.log afresh.
+            let _ = fs::rename(&log, case.dir.join("src-aborted.log"));
+            let _ = fs::remove_file(qmp);
+            continue;
+        }
+        break;
+    }
+    case.fail("source QEMU exited before migrating")
+}
+
 fn migrate_with_io(name: &'static str, s: Setup) {
     let case = Case::new(name);
     let d = &case.dir;
@@ -528,21 +568,10 @@ fn migrate_with_io(name: &'static str, s: Setup) {
     drop(f);
     let mut daemon_a = daemon(&case, "vqblk-a", &image, &sock_a, s);
     let mut daemon_b = daemon(&case, "vqblk-b", &image, &sock_b, s);
-    let mut src = qemu(&case, "src", &sock_a, &qmp_a, s, None);
     let mut dst = qemu(&case, "dst", &sock_b, &qmp_b, s, Some(&mig));
-    let mut qa = Qmp::connect(&case, &qmp_a);
     let mut qb = Qmp::connect(&case, &qmp_b);
-
     // The guest is up and its I/O runs.
-    wait_for(
-        &case,
-        "guest I/O on the source",
-        Duration::from_secs(120),
-        || progress(&serial_a).len() >= 2 * s.writers as usize || !src.alive(),
-    );
-    if !src.alive() {
-        case.fail("source QEMU exited before migrating");
-    }
+    let (mut src, mut qa) = boot_source(&case, &sock_a, &qmp_a, &serial_a, s);
     let t0 = Instant::now();
     let before = progress_sum(&progress(&serial_a));
     qa.cmd(
