@@ -1039,10 +1039,23 @@ is one client run whose first --settle seconds are its ramp (not counted), so
 its IOPS are what the server does from --settle seconds after the switch to
 the end of the phase: the autotune target is at least 0.9x the best fixed
 count's IOPS in every phase (docs/autotune.md). The servers run one after the
-other, in an order that rotates every repeat; medians over --repeats.
+other, in an order that rotates every repeat; medians over --repeats. Each
+phase of `auto` also says what its controller did (asked on its control
+socket before and after the phase's run): the queue moves by reason, the
+switch's included, and the IOThreads active at the end.
 """
 
 PHASES = [("1 queue, QD1", 1, 1), ("4 queues, QD32", 4, 32)]
+
+
+def tuner_state(control):
+    """`--iothreads auto`'s controller now: moves by reason (the phase's and the
+    switch's, which fall in its ramp) and the IOThreads that own a queue."""
+    def ctl(method):
+        return json.loads(subprocess.run([benchlib.VQBLK, "ctl", "--control", control, "--json", method],
+                                         check=True, capture_output=True, text=True).stdout)
+    threads = ctl("query-iothreads")
+    return {"moves": ctl("query-tune")["moves"], "active": sum(1 for t in threads if t.get("active"))}
 
 
 def phases(a):
@@ -1055,20 +1068,32 @@ def phases(a):
         image = os.path.join(work, "p.raw")
         make_image(image, 1024)
     servers = [("auto", "auto")] + [(f"iothreads={k}", k) for k in a.fixed.split(",")]
+    control = os.path.join(work, "p.ctl")
     out = {"versions": versions(), "args": vars(a), "start": machine_state(), "runs": []}
     print(f"start: {state_text(out['start'])}", flush=True)
     for rep in range(a.repeats):
         for label, iothreads in rotated(servers, rep):
-            with serving(start_vqblk(a.backend, image, sock, queues=4, iothreads=iothreads), sock) as proc:
+            extra = ["--control", control] if iothreads == "auto" else []
+            with serving(start_vqblk(a.backend, image, sock, queues=4, iothreads=iothreads, extra=extra),
+                         sock) as proc:
                 for cycle in range(a.cycles):
                     for name, jobs, depth in PHASES:
+                        before = tuner_state(control) if extra else None
                         r = run_bench(f"unix:{sock}", depth, a.phase_seconds - a.settle, proc.pid,
                                       numjobs=jobs, ramp=a.settle)
                         row = {"repeat": rep, "server": label, "cycle": cycle, "phase": name, "iops": r["iops"],
                                "server_cpu_us_per_io": r["server_cpu_us_per_io"], **machine_state()}
+                        tuned = ""
+                        if before is not None:
+                            after = tuner_state(control)
+                            moves = {k: n - before["moves"].get(k, 0) for k, n in after["moves"].items()}
+                            row["tune"] = {"active_iothreads": after["active"],
+                                           "moves": {k: n for k, n in moves.items() if n}}
+                            tuned = (f", {after['active']} IOThreads active at the end, moves "
+                                     f"{row['tune']['moves'] or 'none'}")
                         out["runs"].append(row)
                         print(f"{label} cycle {cycle} {name}: {r['iops']:.0f} IOPS, "
-                              f"{r['server_cpu_us_per_io']:.2f} us/IO ({state_text(row)})", flush=True)
+                              f"{r['server_cpu_us_per_io']:.2f} us/IO{tuned} ({state_text(row)})", flush=True)
     print("\n| phase | server | IOPS (median) | server CPU per I/O (us) | IOPS / best fixed |")
     print("|---|---|---|---|---|")
     for name, _, _ in PHASES:
