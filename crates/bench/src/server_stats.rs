@@ -140,6 +140,8 @@ mod tests {
             completion_wakeups: 2 * k,
             stale_edges: k,
             passes: 10 * k,
+            passes_ready: 8 * k,
+            passes_ready_together: 2 * k,
             notifications: 3 * k,
             notifications_suppressed: 6 * k,
             popped: 100 * k,

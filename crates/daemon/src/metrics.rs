@@ -369,7 +369,7 @@ pub fn render(iothreads: &[IoThreadSnapshot]) -> String {
     );
     // Per IOThread.
     type Get = fn(&IoThreadSnapshot) -> f64;
-    let per_thread: [(&str, &str, MetricType, Get); 19] = [
+    let per_thread: [(&str, &str, MetricType, Get); 21] = [
         (
             "vqblk_iothread_cpu_seconds_total",
             "CPU time (user and system) of the IOThread.",
@@ -387,6 +387,18 @@ pub fn render(iothreads: &[IoThreadSnapshot]) -> String {
             "Event-loop passes.",
             COUNTER,
             |t| t.passes as f64,
+        ),
+        (
+            "vqblk_iothread_passes_ready_total",
+            "Event-loop passes that found a queue with work.",
+            COUNTER,
+            |t| t.passes_ready as f64,
+        ),
+        (
+            "vqblk_iothread_passes_ready_together_total",
+            "Event-loop passes that found two or more queues with work at once.",
+            COUNTER,
+            |t| t.passes_ready_together as f64,
         ),
         (
             "vqblk_iothread_poll_attempts_total",

@@ -243,6 +243,11 @@ pub struct IoThreadStats {
     pub stale_edges: Counter,
     /// Event-loop iterations.
     pub passes: Counter,
+    /// Passes that found at least one queue with work (a kick, or polling).
+    pub passes_ready: Counter,
+    /// Passes that found two or more queues with work at once: how often
+    /// the thread's queues wait on each other (the tuner's probe asks).
+    pub passes_ready_together: Counter,
     /// Guest notifications (call fd writes) sent.
     pub notifications: Counter,
     /// Notification checks after which no call was sent: the guest did not ask
@@ -348,6 +353,8 @@ impl IoThreadStats {
             completion_wakeups: self.completion_wakeups.get(),
             stale_edges: self.stale_edges.get(),
             passes: self.passes.get(),
+            passes_ready: self.passes_ready.get(),
+            passes_ready_together: self.passes_ready_together.get(),
             notifications: self.notifications.get(),
             notifications_suppressed: self.notifications_suppressed.get(),
             popped: self.popped.get(),
@@ -456,6 +463,12 @@ pub struct IoThreadSnapshot {
     pub stale_edges: u64,
     /// Event-loop iterations.
     pub passes: u64,
+    /// Passes that found at least one queue with work.
+    #[serde(default)]
+    pub passes_ready: u64,
+    /// Passes that found two or more queues with work at once.
+    #[serde(default)]
+    pub passes_ready_together: u64,
     /// Guest notifications sent.
     pub notifications: u64,
     /// Notification checks that sent no call (the guest did not ask for one).

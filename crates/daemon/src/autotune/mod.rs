@@ -28,7 +28,9 @@
 //!    coolest threads are emptied onto the other cool ones to make room.
 //!    *Probe*: a thread that is awake all the time (working or polling,
 //!    never asleep) with several busy queues is not saturated by its load,
-//!    yet its queues may be waiting on each other: once confirmed, a parked
+//!    yet its queues may be waiting on each other, and they are when its
+//!    passes often find several of them ready at once (`probe_together`:
+//!    at least a fifth of its passes with work): once confirmed, a parked
 //!    thread takes about half of them, and the move is kept only if their
 //!    request rate grows by `probe_gain` (the lowest tick after it settles
 //!    over the highest tick that confirmed it);
@@ -84,6 +86,9 @@ pub struct ThreadSample {
     pub work: f64,
     /// Fraction of one core spent busy-polling.
     pub poll: f64,
+    /// Of the passes that found a queue with work, the fraction that found
+    /// two or more at once: how often its queues wait on each other.
+    pub together: f64,
 }
 
 /// One virtqueue over the last tick.
@@ -210,6 +215,10 @@ pub struct Params {
     /// saturated is probed: it never sleeps, so its queues may be waiting on
     /// each other rather than on the guest or the disk.
     pub probe_awake: f64,
+    /// ... if its queues do wait on each other: at least this fraction of
+    /// its passes with work found two or more queues ready at once
+    /// ([`ThreadSample::together`]).
+    pub probe_together: f64,
     /// Least growth of the queues' request rate that keeps a probe: the
     /// lowest tick after it over the highest tick that confirmed it, so
     /// that the gain shows above the ticks' own noise.
@@ -242,6 +251,7 @@ impl Default for Params {
             payback: 10.0,
             default_cost_s: 5e-6,
             probe_awake: 0.95,
+            probe_together: 0.20,
             probe_gain: 0.05,
             probe_ticks: 2,
             probe_band: 0.25,
@@ -854,7 +864,10 @@ impl AutoTune {
                 actives
                     .iter()
                     .copied()
-                    .filter(|&t| s.threads[t].work + s.threads[t].poll >= p.probe_awake)
+                    .filter(|&t| {
+                        let th = &s.threads[t];
+                        th.work + th.poll >= p.probe_awake && th.together >= p.probe_together
+                    })
                     .map(|t| {
                         let busy: Vec<usize> = v
                             .queues_on(t)

@@ -159,7 +159,14 @@ pub fn run_auto(scenario: &Scenario, params: Params) -> Outcome {
                 now_ms,
                 threads: threads
                     .iter()
-                    .map(|&(work, poll)| ThreadSample { work, poll })
+                    // The model has no passes: its queues count as waiting
+                    // on each other (its threads are never awake all the
+                    // time below `activate_above`, so no probe fires).
+                    .map(|&(work, poll)| ThreadSample {
+                        work,
+                        poll,
+                        together: 1.0,
+                    })
                     .collect(),
                 queues: served
                     .iter()

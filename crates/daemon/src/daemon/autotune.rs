@@ -347,9 +347,18 @@ fn sample(
             } else {
                 0.0
             };
+            let ready = n.passes_ready.saturating_sub(o.passes_ready);
+            let together = n
+                .passes_ready_together
+                .saturating_sub(o.passes_ready_together);
             ThreadSample {
                 work: ((cpu - poll).max(awake) / dt).min(1.0),
                 poll: poll / dt,
+                together: if ready > 0 {
+                    together as f64 / ready as f64
+                } else {
+                    0.0
+                },
             }
         })
         .collect();

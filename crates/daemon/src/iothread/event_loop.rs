@@ -228,6 +228,12 @@ impl IoThread {
             self.stats.passes.add(1);
             ready.sort_unstable();
             ready.dedup();
+            if !ready.is_empty() {
+                self.stats.passes_ready.add(1);
+                if ready.len() > 1 {
+                    self.stats.passes_ready_together.add(1);
+                }
+            }
             if std::mem::take(&mut self.due) {
                 // Queues of one throttle told the same time compete for the
                 // same credit: the one held longest asks first, so a queue
