@@ -21,7 +21,7 @@ use super::queue::{Popped, QueueSlot, Release};
 use super::queues::Queues;
 use super::{Command, GuestMem, IoThreadSetup, QueueAttach, QueueKey};
 use crate::clock::{clock_ns, monotonic_ns};
-use crate::poll::{PollMode, PollPolicy, DEVICE_SOURCE};
+use crate::poll::{PollMode, PollPolicy, DEVICE_SOURCE, NAP_SAMPLE_NS};
 use crate::stats::IoThreadStats;
 
 mod commands;
@@ -273,7 +273,6 @@ impl IoThread {
     /// naps that end by their timer keep refining the lateness. About 1 ms.
     fn calibrate_naps(&mut self) {
         const NAPS: u64 = 32;
-        const NAP_NS: u64 = 20_000;
         let Ok(epoll) = Epoll::new() else {
             return;
         };
@@ -282,10 +281,10 @@ impl IoThread {
         let cpu0 = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID);
         for _ in 0..NAPS {
             let t = Instant::now();
-            if epoll_pwait2(&epoll, &mut events, NAP_NS).is_err() {
+            if epoll_pwait2(&epoll, &mut events, NAP_SAMPLE_NS).is_err() {
                 return;
             }
-            late.push((t.elapsed().as_nanos() as u64).saturating_sub(NAP_NS));
+            late.push((t.elapsed().as_nanos() as u64).saturating_sub(NAP_SAMPLE_NS));
         }
         // Median and 90th percentile: a nap preempted by another thread is not
         // a property of the timer.

@@ -79,8 +79,9 @@ pub const MIN_NAP_NS: u64 = 1_000;
 /// ([`PollPolicy::sample_nap`]).
 pub const NAP_SAMPLE_EVERY: u32 = 64;
 
-/// Length of a nap taken to measure the timer's lateness (the calibration's
-/// naps are as long), in ns.
+/// Length of a nap taken to measure the timer's lateness, in ns: the
+/// calibration's when a thread starts, and the sampled ones
+/// ([`PollPolicy::sample_nap`]).
 pub const NAP_SAMPLE_NS: u64 = 20_000;
 
 /// CPU a nap must save over spinning through the same time, in ns, at least
