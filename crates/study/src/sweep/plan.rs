@@ -471,7 +471,7 @@ impl Plan {
     /// The ramp of a run in column `setup`, seconds: the matrix's; `auto`'s
     /// runs at least [`AUTO_RAMP_S`], its warm-ups at least
     /// [`AUTO_WARMUP_RAMP_S`].
-    pub fn ramp_s(&self, setup: Setup, warmup: bool) -> f64 {
+    fn ramp_s(&self, setup: Setup, warmup: bool) -> f64 {
         match setup {
             Setup::Auto if warmup => self.matrix.ramp_s.max(AUTO_WARMUP_RAMP_S),
             Setup::Auto => self.matrix.ramp_s.max(AUTO_RAMP_S),

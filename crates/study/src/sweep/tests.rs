@@ -88,20 +88,16 @@ fn null_plan_has_no_native_and_the_baseline_is_poll_off() {
         jobs: 1,
         iodepth: 1,
     };
-    let ramp = |s| {
-        let argv = p.bench_argv(&cell, s, None);
-        argv[argv.iter().position(|a| a == "--ramp_time").unwrap() + 1].clone()
-    };
+    let ramp_of =
+        |argv: Vec<String>| argv[argv.iter().position(|a| a == "--ramp_time").unwrap() + 1].clone();
+    let ramp = |s| ramp_of(p.bench_argv(&cell, s, None));
     assert_eq!(ramp(Setup::IoThreads(2)), "250ms");
     assert_eq!(
         ramp(Setup::Auto),
         "4000ms",
         "the tuner gets time to see the load"
     );
-    let warmup_ramp = |s| {
-        let argv = p.warmup_argv(&cell, s, None);
-        argv[argv.iter().position(|a| a == "--ramp_time").unwrap() + 1].clone()
-    };
+    let warmup_ramp = |s| ramp_of(p.warmup_argv(&cell, s, None));
     assert_eq!(warmup_ramp(Setup::IoThreads(2)), "250ms");
     assert_eq!(
         warmup_ramp(Setup::Auto),
