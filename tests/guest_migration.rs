@@ -153,8 +153,13 @@ struct Proc {
 }
 
 impl Proc {
+    /// Where the process `tag` writes its stdout and stderr.
+    fn log(case: &Case, tag: &str) -> PathBuf {
+        case.dir.join(format!("{tag}.log"))
+    }
+
     fn spawn(case: &Case, tag: &str, cmd: &mut Command) -> Proc {
-        let log = fs::File::create(case.dir.join(format!("{tag}.log"))).unwrap();
+        let log = fs::File::create(Proc::log(case, tag)).unwrap();
         let child = cmd
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
@@ -535,7 +540,7 @@ fn boot_source(case: &Case, sock: &Path, qmp: &Path, serial: &Path, s: Setup) ->
         if src.alive() {
             return (src, qa);
         }
-        let log = case.dir.join("src.log");
+        let log = Proc::log(case, "src");
         if attempt == 1 && emulator_crashed_at_boot(&log, serial) {
             eprintln!("[mig] source QEMU aborted on its own assertion at boot; booting again");
             // Kept for the record: the next boot writes src.log afresh.
