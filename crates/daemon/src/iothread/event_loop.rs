@@ -586,10 +586,12 @@ impl IoThread {
     }
 
     /// End of a processing pass: one notification per queue that completed
-    /// something, and detach replies for drained queues.
+    /// something, the memory maps no request holds any more let go, and
+    /// detach replies for drained queues.
     fn finish_pass(&mut self) {
         self.answered.clear();
         self.queues.notify(&mut self.answered);
+        self.executor.end_pass();
         // A guest just answered is the source to expect next (its next
         // request follows the completions it was handed), however long it
         // was quiet while the backend worked; and a wait for an answer is

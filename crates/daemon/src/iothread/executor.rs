@@ -23,6 +23,9 @@ use crate::seccomp::SeccompMode;
 use crate::virtio::device::{self, Action, BlockIo};
 use crate::virtio::request::{Operation, Rejected, ReqKind, Request, Segment, Segments};
 
+mod maps;
+use maps::{HeldMaps, MapId};
+
 /// Largest number of host iovecs in one request (Linux IOV_MAX).
 const IOV_MAX: usize = 1024;
 
@@ -109,9 +112,10 @@ enum Submitted {
 /// layer has published it.
 struct Inflight {
     ticket: Ticket,
-    /// Keeps the guest memory mapping alive while the kernel or a worker may
-    /// still access it (memory can be replaced by the control plane meanwhile).
-    mem: Arc<GuestMem>,
+    /// The guest memory map its buffers and status byte are in, held for it
+    /// in the executor's [`HeldMaps`] while the kernel or a worker may still
+    /// access it (the control plane may replace the map meanwhile).
+    mem: MapId,
     /// The request's guest segments (for a bounce buffer's copy, and for
     /// the dirty log: the pages a read wrote). Without a backend operation,
     /// the buffers the device model wrote (GET_ID's), or none.
@@ -150,6 +154,9 @@ pub(super) struct Executor {
     inflight: Vec<Option<Inflight>>,
     free: Vec<usize>,
     engines: Engines,
+    /// The memory maps of the requests in the table (declared after the
+    /// engines: dropped after them).
+    maps: HeldMaps,
     /// Operations handed to an engine whose completion is still to be
     /// reaped: none, and [`Executor::complete`] neither commits nor reaps.
     in_engines: usize,
@@ -210,6 +217,7 @@ impl Executor {
             inflight: Vec::new(),
             free: Vec::new(),
             engines: Engines::new(seccomp),
+            maps: HeldMaps::default(),
             in_engines: 0,
             // Sized once for a few passes' worth of completions, so that
             // steady state allocates nothing; a bigger burst grows them once.
@@ -331,9 +339,10 @@ impl Executor {
         mem: &Arc<GuestMem>,
         written: Segments,
     ) {
+        let mem = self.maps.hold(mem);
         let token = self.entry(Inflight {
             ticket,
-            mem: mem.clone(),
+            mem,
             data: written,
             io: None,
         });
@@ -409,9 +418,10 @@ impl Executor {
             .punch(io.punch);
         let backend = disk.backend();
         let bounced = bounce.as_ref().map_or(0, Bounce::held);
+        let map = self.maps.hold(mem);
         let token = self.entry(Inflight {
             ticket,
-            mem: mem.clone(),
+            mem: map,
             data: io.data,
             io: Some(Submission {
                 backend,
@@ -425,6 +435,7 @@ impl Executor {
             Err(source) => {
                 self.inflight[token] = None;
                 self.free.push(token);
+                self.maps.release(map);
                 self.bounce_bytes -= bounced;
                 Err(ExecuteError::Submit { backend, source })
             }
@@ -454,11 +465,12 @@ impl Executor {
             self.clock_stale = true;
         }
         // SAFETY: the transfer's iovecs (heap, not moved until the Inflight is
-        // retired) and the buffers they point to (guest memory mapped by
-        // the Inflight's `mem`, or `io.bounce`, both held by it) stay valid
-        // until this token's completion is reaped: the bounce buffer is only
-        // taken in `on_completion`, and the Inflight only leaves the table
-        // when it is retired, after that.
+        // retired) and the buffers they point to (guest memory of the map
+        // held for the Inflight's `mem` in `maps`, or `io.bounce`, held by
+        // it) stay valid until this token's completion is reaped: the bounce
+        // buffer is only taken in `on_completion`, the Inflight only leaves
+        // the table when it is retired, after that, and its map is held
+        // until then (and to the end of that pass).
         let handed = unsafe {
             self.engines
                 .submit(io.backend, &self.name, io.transfer.op(), token as u64)
@@ -557,17 +569,21 @@ impl Executor {
         let Some(inf) = self.inflight[token].as_mut() else {
             return;
         };
+        let Some(mem) = self.maps.get(inf.mem) else {
+            error!("{}: no memory map for token {token}", self.name);
+            return;
+        };
         if let Some(mut b) = inf.io.as_mut().and_then(|io| io.bounce.take()) {
             self.bounce_bytes -= b.held();
             if read && result.is_ok() {
-                if let Err(e) = copy_to_guest(&inf.mem, &inf.data, b.slice()) {
+                if let Err(e) = copy_to_guest(mem, &inf.data, b.slice()) {
                     result = Err(ExecuteError::BounceCopy(e));
                 }
             }
         }
         // The memory broke while the request was in flight: a write may have
         // carried the zeros that replaced it, a read's data went to them.
-        if result.is_ok() && inf.mem.broken() {
+        if result.is_ok() && mem.broken() {
             result = Err(ExecuteError::GuestMemory);
         }
         out.push(Finished { token, result });
@@ -579,21 +595,26 @@ impl Executor {
         let inf = self.inflight.get(f.token)?.as_ref()?;
         Some(Done {
             ticket: inf.ticket,
-            mem: &inf.mem,
+            mem: self.maps.get(inf.mem)?,
             written: inf.written(),
         })
     }
 
     /// Frees the entries of the requests in `finished` (published: nothing
     /// reads their buffers or iovecs any more), which is left empty. Their
-    /// iovec lists go back to the pool; the last reference to a replaced
-    /// memory map may go with them.
+    /// iovec lists go back to the pool; a memory map none of the requests
+    /// in flight holds any more goes at the end of the pass
+    /// ([`Executor::end_pass`]).
     pub fn retire(&mut self, finished: &mut Vec<Finished>) {
         for f in finished.iter() {
             let Some(entry) = self.inflight.get_mut(f.token) else {
                 continue;
             };
-            if let Some(io) = entry.as_mut().and_then(|inf| inf.io.as_mut()) {
+            let Some(inf) = entry.as_mut() else {
+                continue;
+            };
+            self.maps.release(inf.mem);
+            if let Some(io) = inf.io.as_mut() {
                 if self.iov_pool.len() < IOV_POOL_MAX {
                     self.iov_pool.push(io.transfer.take_iov());
                 }
@@ -603,6 +624,21 @@ impl Executor {
             self.free.push(f.token);
         }
         finished.clear();
+    }
+}
+
+impl Executor {
+    /// The end of a pass: lets go of the memory maps no request in flight
+    /// holds (the last hold on a replaced map, or on the map of a frontend
+    /// that went away, may go with them).
+    pub fn end_pass(&mut self) {
+        self.maps.release_idle();
+    }
+
+    /// Memory maps held for requests now.
+    #[cfg(test)]
+    pub fn held_maps(&self) -> usize {
+        self.maps.len()
     }
 }
 

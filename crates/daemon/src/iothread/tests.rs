@@ -1771,6 +1771,30 @@ fn a_request_in_flight_when_logging_starts_is_marked_at_completion() {
     assert_eq!(log.marked(), sorted(want));
 }
 
+/// Requests in flight hold their memory map once between them, past their
+/// pass while a backend still has them, and the thread lets go of it at
+/// the end of the pass in which the last of them was retired.
+#[test]
+fn requests_hold_their_memory_map_until_the_pass_after_the_last_is_retired() {
+    for kind in ALL {
+        let mut r = Rig::new(kind);
+        r.push_reads(4);
+        r.pop_without_reaping();
+        assert_eq!(r.exec.held_maps(), 1, "{kind:?}: one hold for 4 requests");
+        r.exec.end_pass();
+        assert_eq!(r.exec.held_maps(), 1, "{kind:?}: still held in flight");
+        r.deliver_all(monotonic_ns);
+        assert_eq!(r.queues.inflight(), 0, "{kind:?}");
+        assert_eq!(
+            r.exec.held_maps(),
+            1,
+            "{kind:?}: kept to the end of the pass"
+        );
+        r.exec.end_pass();
+        assert_eq!(r.exec.held_maps(), 0, "{kind:?}: let go after the pass");
+    }
+}
+
 /// In steady state a request allocates nothing on the IOThread,
 /// from pop to used entry (parsing, submission, completion, publish).
 #[test]
