@@ -206,6 +206,10 @@ impl IoThread {
                 if sample > 0 {
                     self.nap(sample, &mut events, &mut ready, &mut completed);
                 }
+                // An idle thread holds no memory map.
+                if self.nothing_yet(&ready, completed) {
+                    self.executor.before_sleep();
+                }
                 let t = monotonic_ns();
                 // Until something real happens: a stale edge (see handle_events)
                 // is not a reason to run a pass.
@@ -586,8 +590,8 @@ impl IoThread {
     }
 
     /// End of a processing pass: one notification per queue that completed
-    /// something, the memory maps no request holds any more let go, and
-    /// detach replies for drained queues.
+    /// something, the memory maps no request holds any more let go (but the
+    /// one in use), and detach replies for drained queues.
     fn finish_pass(&mut self) {
         self.answered.clear();
         self.queues.notify(&mut self.answered);

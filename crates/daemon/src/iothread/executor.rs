@@ -603,8 +603,8 @@ impl Executor {
     /// Frees the entries of the requests in `finished` (published: nothing
     /// reads their buffers or iovecs any more), which is left empty. Their
     /// iovec lists go back to the pool; a memory map none of the requests
-    /// in flight holds any more goes at the end of the pass
-    /// ([`Executor::end_pass`]).
+    /// in flight holds any more goes at the end of the pass or before the
+    /// thread sleeps ([`Executor::end_pass`], [`Executor::before_sleep`]).
     pub fn retire(&mut self, finished: &mut Vec<Finished>) {
         for f in finished.iter() {
             let Some(entry) = self.inflight.get_mut(f.token) else {
@@ -629,10 +629,16 @@ impl Executor {
 
 impl Executor {
     /// The end of a pass: lets go of the memory maps no request in flight
-    /// holds (the last hold on a replaced map, or on the map of a frontend
-    /// that went away, may go with them).
+    /// holds but the one held last (the last hold on a replaced map, or on
+    /// the map of a frontend that went away, may go with them).
     pub fn end_pass(&mut self) {
-        self.maps.release_idle();
+        self.maps.release_idle(false);
+    }
+
+    /// The thread is about to sleep with no timeout: lets go of every
+    /// memory map no request in flight holds.
+    pub fn before_sleep(&mut self) {
+        self.maps.release_idle(true);
     }
 
     /// Memory maps held for requests now.

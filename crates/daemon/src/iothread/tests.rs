@@ -1772,26 +1772,23 @@ fn a_request_in_flight_when_logging_starts_is_marked_at_completion() {
 }
 
 /// Requests in flight hold their memory map once between them, past their
-/// pass while a backend still has them, and the thread lets go of it at
-/// the end of the pass in which the last of them was retired.
+/// pass while a backend still has them; the thread keeps the map in use
+/// from pass to pass and lets go of it before it sleeps.
 #[test]
-fn requests_hold_their_memory_map_until_the_pass_after_the_last_is_retired() {
+fn requests_hold_their_memory_map_until_the_thread_sleeps() {
     for kind in ALL {
         let mut r = Rig::new(kind);
         r.push_reads(4);
         r.pop_without_reaping();
         assert_eq!(r.exec.held_maps(), 1, "{kind:?}: one hold for 4 requests");
-        r.exec.end_pass();
+        r.exec.before_sleep();
         assert_eq!(r.exec.held_maps(), 1, "{kind:?}: still held in flight");
         r.deliver_all(monotonic_ns);
         assert_eq!(r.queues.inflight(), 0, "{kind:?}");
-        assert_eq!(
-            r.exec.held_maps(),
-            1,
-            "{kind:?}: kept to the end of the pass"
-        );
         r.exec.end_pass();
-        assert_eq!(r.exec.held_maps(), 0, "{kind:?}: let go after the pass");
+        assert_eq!(r.exec.held_maps(), 1, "{kind:?}: the map in use stays");
+        r.exec.before_sleep();
+        assert_eq!(r.exec.held_maps(), 0, "{kind:?}: let go before sleeping");
     }
 }
 

@@ -13,12 +13,14 @@
 //! 7-14% of the thread's samples at QD16 (`perf record`).
 //!
 //! Here the thread holds each map once, with a plain count of the requests
-//! that use it. An entry whose requests are all retired is kept until the
-//! end of the pass ([`HeldMaps::release_idle`]), so that the next request of
-//! the pass reuses it: the `Arc` is cloned once per pass that executes
-//! requests, not once per request. No map outlives the pass in which its
-//! last request was retired, so a map the control plane replaced, or the
-//! map of a frontend that went away, is not held by an idle thread.
+//! that use it. A map whose requests are all retired is let go
+//! ([`HeldMaps::release_idle`]) at the end of the pass, unless it is the
+//! one held last, and before the thread sleeps with no timeout, whichever
+//! it is. The map in use stays held from one request to the next while
+//! the thread is awake: its `Arc` is cloned once per wake-up, not once per
+//! request. A map the control plane replaced, or the map of a frontend
+//! that went away, is let go once another map is held after it, or when
+//! the thread sleeps: an idle thread holds none.
 
 use std::sync::Arc;
 
@@ -109,10 +111,11 @@ impl HeldMaps {
         }
     }
 
-    /// Lets go of the maps no request in flight holds: the end of a pass.
-    pub fn release_idle(&mut self) {
-        for h in &mut self.held {
-            if h.as_ref().is_some_and(|h| h.requests == 0) {
+    /// Lets go of the maps no request in flight holds; with `all` false,
+    /// but the one held last.
+    pub fn release_idle(&mut self, all: bool) {
+        for (i, h) in self.held.iter_mut().enumerate() {
+            if h.as_ref().is_some_and(|h| h.requests == 0) && (all || i != self.last) {
                 *h = None;
             }
         }
@@ -134,22 +137,25 @@ mod tests {
     }
 
     #[test]
-    fn a_map_is_held_once_while_its_requests_are_in_flight() {
+    fn a_map_is_held_once_and_let_go_when_the_thread_sleeps() {
         let mut maps = HeldMaps::default();
         let a = map();
         let x = maps.hold(&a);
         assert_eq!(maps.hold(&a), x);
         assert_eq!(Arc::strong_count(&a), 2, "held once for two requests");
         maps.release(x);
-        maps.release_idle();
+        maps.release_idle(true);
         assert_eq!(Arc::strong_count(&a), 2, "one request still holds it");
         maps.release(x);
+        maps.release_idle(false);
         assert!(
             Arc::ptr_eq(maps.get(x).unwrap(), &a),
-            "kept until the pass ends"
+            "the last one held stays"
         );
-        maps.release_idle();
-        assert_eq!(Arc::strong_count(&a), 1, "let go at the end of the pass");
+        assert_eq!(maps.hold(&a), x, "and serves the next request");
+        maps.release(x);
+        maps.release_idle(true);
+        assert_eq!(Arc::strong_count(&a), 1, "let go before the thread sleeps");
         assert_eq!(maps.len(), 0);
     }
 
@@ -162,8 +168,8 @@ mod tests {
         assert_ne!(x, y);
         assert!(Arc::ptr_eq(maps.get(y).unwrap(), &b));
         maps.release(x);
-        maps.release_idle();
-        assert_eq!(Arc::strong_count(&a), 1);
+        maps.release_idle(false);
+        assert_eq!(Arc::strong_count(&a), 1, "idle and not the last one held");
         assert_eq!(maps.hold(&c), x, "the free slot is reused");
         assert!(Arc::ptr_eq(maps.get(x).unwrap(), &c));
         assert!(Arc::ptr_eq(maps.get(y).unwrap(), &b));
