@@ -103,26 +103,6 @@ impl<M: SmallAccess + ?Sized> Iterator for HeadChain<'_, M> {
     }
 }
 
-/// Asks for the cache lines of the chain of `head` in the table at
-/// `desc_table` (a queue of `queue_size` entries; a head outside it:
-/// nothing): the head descriptor's, and the one the two entries after it
-/// fall in, where a driver that takes consecutive entries puts the rest of
-/// a header, data and status chain. A hint ([`SmallAccess::prefetch`]):
-/// nothing is read.
-#[inline(always)]
-pub fn prefetch_chain<M: SmallAccess + ?Sized>(
-    mem: &M,
-    desc_table: GuestAddress,
-    queue_size: u16,
-    head: u16,
-) {
-    if head < queue_size {
-        let at = desc_table.unchecked_add(u64::from(head) * u64::from(DESC_SIZE));
-        mem.prefetch(at);
-        mem.prefetch(at.unchecked_add(3 * u64::from(DESC_SIZE) - 1));
-    }
-}
-
 /// [`HeadChain`] against the chain virtio-queue pops, descriptor by
 /// descriptor: well-formed chains and every way a chain can break.
 #[cfg(test)]

@@ -110,31 +110,6 @@ pub trait SmallAccess: GuestMemory {
             None => self.store(val, addr, order),
         }
     }
-
-    /// Asks the CPU to start bringing the cache line of `addr` into its
-    /// cache: a hint, not an access (nothing is read, nothing can fault),
-    /// and nothing at all outside guest memory or on a map without the
-    /// direct path.
-    #[inline(always)]
-    fn prefetch(&self, addr: GuestAddress) {
-        if let Some(s) = self.one_region(addr, 1) {
-            prefetch_line(s.ptr_guard().as_ptr());
-        }
-    }
-}
-
-/// The prefetch hint for the line of `p` (to all cache levels).
-#[inline(always)]
-fn prefetch_line(p: *const u8) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: PREFETCHT0 is a hint: it reads nothing the program can see and
-    // never faults, whatever the address (Intel SDM, PREFETCHh). `p` is
-    // inside a mapped guest region anyway.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast());
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
 }
 
 impl SmallAccess for GuestMemoryMmap<()> {}
@@ -160,9 +135,6 @@ pub struct GuestMem {
     regions: GuestMemoryMmap<()>,
     /// (first address, length) of each region, in `regions`' order.
     bounds: Vec<(u64, u64)>,
-    /// Where each region is mapped in the daemon, in `regions`' order: only
-    /// for [`SmallAccess::prefetch`], which needs an address and no access.
-    hosts: Vec<usize>,
     /// Set when a fault broke the memory of the connection this map belongs
     /// to (the frontend shrank a file behind it): its requests must fail,
     /// whatever they read from it now is not the guest's.
@@ -175,18 +147,10 @@ impl GuestMem {
             .iter()
             .map(|r| (r.start_addr().0, r.len()))
             .collect();
-        let hosts = regions
-            .iter()
-            .map(|r| {
-                r.get_host_address(MemoryRegionAddress(0))
-                    .map_or(0, |p| p as usize)
-            })
-            .collect();
         GuestMem {
             companions: Vec::new(),
             regions,
             bounds,
-            hosts,
             broken: None,
         }
     }
@@ -261,36 +225,6 @@ impl SmallAccess for GuestMem {
             .get_slice(MemoryRegionAddress(addr.0 - region.start_addr().0), len)
             .ok()
     }
-
-    /// The region's mapping plus the offset, from the table: no slice is
-    /// made, nothing is accessed.
-    #[inline(always)]
-    fn prefetch(&self, addr: GuestAddress) {
-        if let Some(host) = self.host_address(addr) {
-            prefetch_line(host as *const u8);
-        }
-    }
-}
-
-impl GuestMem {
-    /// The index of the region holding `addr`.
-    #[inline(always)]
-    fn region_index(&self, addr: GuestAddress) -> Option<usize> {
-        // `addr - start < len` is "start <= addr < start + len" without an
-        // overflow: an address below `start` wraps to a huge offset.
-        self.bounds
-            .iter()
-            .position(|&(start, len)| addr.0.wrapping_sub(start) < len)
-    }
-
-    /// Where the byte at `addr` is mapped in the daemon (None: outside
-    /// guest memory), from the tables alone.
-    #[inline(always)]
-    fn host_address(&self, addr: GuestAddress) -> Option<usize> {
-        let i = self.region_index(addr)?;
-        let (&host, &(start, _)) = (self.hosts.get(i)?, self.bounds.get(i)?);
-        (host != 0).then(|| host + (addr.0 - start) as usize)
-    }
 }
 
 impl From<GuestMemoryMmap<()>> for GuestMem {
@@ -308,7 +242,12 @@ impl GuestMemoryBackend for GuestMem {
     }
 
     fn find_region(&self, addr: GuestAddress) -> Option<&Region> {
-        let i = self.region_index(addr)?;
+        // `addr - start < len` is "start <= addr < start + len" without an
+        // overflow: an address below `start` wraps to a huge offset.
+        let i = self
+            .bounds
+            .iter()
+            .position(|&(start, len)| addr.0.wrapping_sub(start) < len)?;
         self.regions.iter().nth(i)
     }
 
@@ -353,26 +292,6 @@ mod tests {
                 .find_region(GuestAddress(addr))
                 .map(|r| r.start_addr());
             assert_eq!(ours, theirs, "{addr:#x}");
-        }
-    }
-
-    /// The address a prefetch is given is where vm-memory maps the byte, and
-    /// there is none outside guest memory.
-    #[test]
-    fn prefetch_addresses_are_vm_memorys_mappings() {
-        let m = mem();
-        for addr in (0..0x1_2000u64)
-            .step_by(0x40)
-            .chain([0xfff, 0x5fff, u64::MAX])
-        {
-            let ours = m.host_address(GuestAddress(addr));
-            let theirs = m
-                .regions
-                .get_host_address(GuestAddress(addr))
-                .ok()
-                .map(|p| p as usize);
-            assert_eq!(ours, theirs, "{addr:#x}");
-            m.prefetch(GuestAddress(addr));
         }
     }
 

@@ -15,10 +15,6 @@
 //! | [`SplitRing`] (`ring.rs`) | virtio-queue's `QueueT::avail_idx`, the avail entry read of `iter`/`pop_descriptor_chain`, `add_used`, `needs_notification`, `enable_notification`/`disable_notification` | each ring field goes through vm-memory's generic accessors (`enable_notification`, before every sleep of the thread: 255 instructions there, 165 here) |
 //! | [`HeadChain`] (`chain.rs`) | virtio-queue's `DescriptorChain` iterator | the same, per descriptor; and its constructor is crate-private, so it cannot walk a head that was not popped (a request resubmitted after a restart) |
 //!
-//! Beside them, [`SmallAccess::prefetch`] and [`prefetch_chain`]: the queue
-//! layer asks the CPU for the descriptor lines of requests it will pop next
-//! (a hint, no access), which vm-memory does not offer.
-//!
 //! virtio-queue's `Queue` is still the ring's state (addresses, size,
 //! features, next avail and next used indexes), and its setup checks and its
 //! `Descriptor` type are used as they are.
@@ -72,6 +68,6 @@ mod chain;
 mod mem;
 mod ring;
 
-pub use chain::{prefetch_chain, HeadChain};
+pub use chain::HeadChain;
 pub use mem::{GuestMem, SmallAccess};
 pub use ring::{event_idx_wants_call, used_ring_len, SplitRing};

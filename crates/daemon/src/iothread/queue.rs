@@ -21,7 +21,7 @@ use super::queues::WarnLimiter;
 use super::state::{Kicks, SlotState, Unnotified};
 use super::{BlockDevice, ExecuteError, GuestMem, GuestMemHandle, QueueAttach, QueueKey, QueueLog};
 use crate::clock::monotonic_ns;
-use crate::fastpath::{self, SmallAccess, SplitRing};
+use crate::fastpath::{SmallAccess, SplitRing};
 use crate::inflight::InflightQueue;
 use crate::qos::{Admission, Direction, Gate, SharedThrottle};
 use crate::stats::{IoThreadStats, QueueCounters};
@@ -107,54 +107,6 @@ fn admission(
     }
 }
 
-/// Up to two heads read from the avail ring ahead of their pop, by avail
-/// position ([`QueueSlot::prefetch_behind`]). An entry stays valid until it
-/// is popped: the driver writes that ring slot again only for a request a
-/// ring's size later, which it cannot make available before this one is
-/// used.
-#[derive(Debug, Default, Clone, Copy)]
-struct Ahead {
-    /// (avail position, head), oldest first.
-    heads: [Option<(u16, u16)>; 2],
-}
-
-impl Ahead {
-    /// The head read ahead for position `at`, if it was.
-    #[inline(always)]
-    fn peek(&self, at: u16) -> Option<u16> {
-        match self.heads {
-            [Some((i, h)), _] | [_, Some((i, h))] if i == at => Some(h),
-            _ => None,
-        }
-    }
-
-    /// Takes the head of position `at` (the next to pop), and forgets
-    /// anything older.
-    #[inline(always)]
-    fn take(&mut self, at: u16) -> Option<u16> {
-        match self.heads {
-            [Some((i, h)), rest] if i == at => {
-                self.heads = [rest, None];
-                Some(h)
-            }
-            _ => {
-                self.heads = [None, None];
-                None
-            }
-        }
-    }
-
-    /// Remembers the head of position `at`, read after the ones kept.
-    #[inline(always)]
-    fn push(&mut self, at: u16, head: u16) {
-        match self.heads {
-            [None, _] => self.heads = [Some((at, head)), None],
-            [first, None] => self.heads = [first, Some((at, head))],
-            [_, second] => self.heads = [second, Some((at, head))],
-        }
-    }
-}
-
 /// A virtqueue served by this thread.
 pub(super) struct QueueSlot {
     /// Which queue.
@@ -184,11 +136,6 @@ pub(super) struct QueueSlot {
     /// pass that hands back after every pop re-enters
     /// [`QueueSlot::process`] once per request.
     avail_seen: u16,
-    /// Heads read ahead of their pop (avail position, head), oldest first,
-    /// each with its descriptor's cache line asked for
-    /// ([`QueueSlot::prefetch_behind`]): the pop takes the head from here,
-    /// not from the ring again.
-    ahead: Ahead,
     /// Serving, stopped as broken, or being released.
     state: SlotState,
     /// Whether the driver is asked to kick: armed before sleeping, quiet
@@ -240,7 +187,6 @@ impl QueueSlot {
             inflight: 0,
             unnotified: Unnotified::default(),
             avail_seen,
-            ahead: Ahead::default(),
             state: SlotState::Serving,
             kicks: Kicks::Armed,
             popped_at: vec![monotonic_ns(); size].into(),
@@ -433,7 +379,6 @@ impl QueueSlot {
     }
 
     /// The head the driver put at avail ring position `index`.
-    #[inline(always)]
     fn avail_head(&self, mem: &GuestMem, index: u16) -> Result<u16, virtio_queue::Error> {
         SplitRing::of(&self.queue).avail_head(mem, index)
     }
@@ -503,30 +448,6 @@ impl QueueSlot {
         if !self.resubmit_pending() {
             // Done with recovery: give the memory back.
             self.resubmit = VecDeque::new();
-        }
-    }
-
-    /// Starts the cache-line transfers of the two requests known to be
-    /// available behind the one at avail position `next` (up to `last`),
-    /// while this one is worked on: their descriptors
-    /// ([`fastpath::prefetch_chain`]). The driver wrote them on its CPU;
-    /// each line is a transfer from that CPU when the chain is walked, and
-    /// those loads were most of `parse_head`'s time at QD16 (`perf
-    /// annotate`). Each ring entry is read once: the heads read here are
-    /// popped from [`QueueSlot::ahead`]. One that cannot be read is left for
-    /// the pop to find.
-    #[inline(always)]
-    fn prefetch_behind(&mut self, mem: &GuestMem, table: GuestAddress, next: u16, last: u16) {
-        let behind = last.wrapping_sub(next);
-        let size = self.queue.size();
-        for at in (1..behind.min(3)).map(|k| next.wrapping_add(k)) {
-            if self.ahead.peek(at).is_some() {
-                continue;
-            }
-            if let Ok(h) = self.avail_head(mem, at) {
-                self.ahead.push(at, h);
-                fastpath::prefetch_chain(mem, table, size, h);
-            }
         }
     }
 
@@ -674,11 +595,7 @@ impl QueueSlot {
                 if next == last {
                     break;
                 }
-                let head = match self.ahead.take(next) {
-                    Some(head) => Ok(head),
-                    None => self.avail_head(mem, next),
-                };
-                let head = match head {
+                let head = match self.avail_head(mem, next) {
                     Ok(head) => head,
                     Err(e) => {
                         self.stop_ring(format_args!("avail ring entry {next}: {e}"));
@@ -702,7 +619,6 @@ impl QueueSlot {
                     }
                 }
                 self.popped_at[head as usize] = exec.clock(now);
-                self.prefetch_behind(mem, table, next, last);
                 // The chain is walked by the fast path's `HeadChain`, not
                 // popped through virtio-queue (see `fastpath`).
                 let parsed = request::parse_head(&**mem, table, size, head, &self.device.limits);
@@ -866,43 +782,5 @@ impl QueueSlot {
                 self.device.name, self.key.queue
             ),
         }
-    }
-}
-
-#[cfg(test)]
-mod ahead_tests {
-    use super::Ahead;
-
-    #[test]
-    fn heads_read_ahead_are_popped_in_order_once() {
-        let mut a = Ahead::default();
-        a.push(7, 30);
-        a.push(8, 12);
-        assert_eq!(a.peek(8), Some(12));
-        assert_eq!(a.peek(9), None);
-        assert_eq!(a.take(7), Some(30));
-        assert_eq!(a.peek(7), None, "taken once");
-        a.push(9, 4);
-        assert_eq!(a.take(8), Some(12));
-        assert_eq!(a.take(9), Some(4));
-        assert_eq!(a.peek(9), None);
-    }
-
-    #[test]
-    fn a_pop_elsewhere_forgets_what_was_read_ahead() {
-        let mut a = Ahead::default();
-        a.push(u16::MAX, 1);
-        a.push(0, 2);
-        // Positions wrap with the avail index.
-        assert_eq!(a.take(u16::MAX), Some(1));
-        assert_eq!(a.take(5), None);
-        assert_eq!(a.peek(0), None, "everything older is dropped");
-        // A third head read ahead pushes out the oldest.
-        a.push(1, 1);
-        a.push(2, 2);
-        a.push(3, 3);
-        assert_eq!(a.peek(1), None);
-        assert_eq!(a.take(2), Some(2));
-        assert_eq!(a.take(3), Some(3));
     }
 }
