@@ -51,13 +51,22 @@ impl HeldMaps {
     /// time (one per frontend with a queue here), so a scan finds it.
     #[inline(always)]
     pub fn hold(&mut self, map: &Arc<GuestMem>) -> MapId {
-        if let Some(Some(h)) = self.held.get_mut(self.last) {
-            if Arc::ptr_eq(&h.map, map) {
+        match self.held.get_mut(self.last) {
+            Some(Some(h)) if Arc::ptr_eq(&h.map, map) => {
                 h.requests += 1;
-                return MapId(self.last as u32);
+                MapId(self.last as u32)
             }
+            // Let go of before the thread slept: the first request after a
+            // wake-up takes the same slot.
+            Some(free @ None) => {
+                *free = Some(Held {
+                    map: map.clone(),
+                    requests: 1,
+                });
+                MapId(self.last as u32)
+            }
+            _ => self.hold_other(map),
         }
-        self.hold_other(map)
     }
 
     /// [`HeldMaps::hold`] for a map other than the last one held.
