@@ -625,9 +625,7 @@ impl Executor {
         }
         finished.clear();
     }
-}
 
-impl Executor {
     /// The end of a pass: lets go of the memory maps no request in flight
     /// holds but the one held last (the last hold on a replaced map, or on
     /// the map of a frontend that went away, may go with them).

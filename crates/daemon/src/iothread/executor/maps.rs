@@ -47,65 +47,53 @@ pub(super) struct HeldMaps {
 }
 
 impl HeldMaps {
-    /// Holds `map` for one more request. A thread serves a few maps at a
-    /// time (one per frontend with a queue here), so a scan finds it.
+    /// Holds `map` for one more request. The slot held last is nearly
+    /// always the next request's; otherwise a thread serves a few maps at a
+    /// time (one per frontend with a queue here), and a scan finds it.
     #[inline(always)]
     pub fn hold(&mut self, map: &Arc<GuestMem>) -> MapId {
-        match self.held.get_mut(self.last) {
-            Some(Some(h)) if Arc::ptr_eq(&h.map, map) => {
+        if let Some(Some(h)) = self.held.get_mut(self.last) {
+            if Arc::ptr_eq(&h.map, map) {
                 h.requests += 1;
-                MapId(self.last as u32)
+                return MapId(self.last as u32);
             }
-            // Let go of before the thread slept: the first request after a
-            // wake-up takes the same slot.
-            Some(free @ None) => {
-                *free = Some(Held {
-                    map: map.clone(),
-                    requests: 1,
-                });
-                MapId(self.last as u32)
-            }
-            _ => self.hold_other(map),
         }
+        self.hold_other(map)
     }
 
-    /// [`HeldMaps::hold`] for a map other than the last one held.
+    /// [`HeldMaps::hold`] in the slot that holds `map`, or in the first free
+    /// one, given it.
     #[inline(never)]
     fn hold_other(&mut self, map: &Arc<GuestMem>) -> MapId {
-        let mut free = None;
-        for (i, h) in self.held.iter_mut().enumerate() {
-            match h {
-                Some(h) if Arc::ptr_eq(&h.map, map) => {
-                    h.requests += 1;
-                    self.last = i;
-                    return MapId(i as u32);
-                }
-                Some(_) => {}
-                None => {
-                    free.get_or_insert(i);
-                }
-            }
-        }
-        let held = Some(Held {
-            map: map.clone(),
-            requests: 1,
-        });
-        let i = match free {
-            Some(i) => {
-                self.held[i] = held;
-                i
-            }
+        let holds = |h: &Option<Held>| h.as_ref().is_some_and(|h| Arc::ptr_eq(&h.map, map));
+        let i = match self.held.iter().position(holds) {
+            Some(i) => i,
             None => {
-                self.held.push(held);
-                self.held.len() - 1
+                let held = Some(Held {
+                    map: map.clone(),
+                    requests: 0,
+                });
+                match self.held.iter().position(Option::is_none) {
+                    Some(i) => {
+                        self.held[i] = held;
+                        i
+                    }
+                    None => {
+                        self.held.push(held);
+                        self.held.len() - 1
+                    }
+                }
             }
         };
+        if let Some(h) = &mut self.held[i] {
+            h.requests += 1;
+        }
         self.last = i;
         MapId(i as u32)
     }
 
-    /// The map of `id` (held by a request in flight, or since its last one
-    /// was retired in this pass).
+    /// The map of `id`: held by a request in flight (or, the one in use,
+    /// kept until the thread sleeps).
     #[inline(always)]
     pub fn get(&self, id: MapId) -> Option<&Arc<GuestMem>> {
         self.held.get(id.0 as usize)?.as_ref().map(|h| &h.map)
