@@ -206,14 +206,12 @@ impl IoThread {
                 if sample > 0 {
                     self.nap(sample, &mut events, &mut ready, &mut completed);
                 }
-                // An idle thread holds no memory map.
-                if self.nothing_yet(&ready, completed) {
-                    self.executor.before_sleep();
-                }
                 let t = monotonic_ns();
                 // Until something real happens: a stale edge (see handle_events)
                 // is not a reason to run a pass.
                 while self.nothing_yet(&ready, completed) && !self.stopping {
+                    // An idle thread holds no memory map.
+                    self.executor.before_sleep();
                     self.wait_events(-1, &mut events, &mut ready, &mut completed);
                 }
                 self.stats.sleep_ns.add(monotonic_ns().saturating_sub(t));
