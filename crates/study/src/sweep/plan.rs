@@ -591,9 +591,11 @@ impl Plan {
         m
     }
 
-    /// Seconds one run is expected to take (runtime, ramp, and process start-up).
-    pub fn run_estimate_s(&self) -> f64 {
-        self.matrix.runtime_s + self.matrix.ramp_s + 0.05
+    /// Seconds one run in column `setup` is expected to take: its runtime,
+    /// its ramp (`auto`'s are longer, see [`Plan::warmup_argv`]) and process
+    /// start-up.
+    pub fn run_estimate_s(&self, setup: Setup, warmup: bool) -> f64 {
+        self.matrix.runtime_s + self.ramp_s(setup, warmup) + 0.05
     }
 }
 

@@ -95,7 +95,8 @@ pub(super) fn run(args: &SweepArgs) -> anyhow::Result<i32> {
         plan.repeats,
         plan.warmups,
     );
-    announce(&plan, steps.len(), existing.runs.len());
+    let estimate_s = estimate_s(&plan, &steps);
+    announce(&plan, steps.len(), estimate_s, existing.runs.len());
     if args.dry_run {
         for (k, v) in plan.command_templates() {
             println!("{k}: {v}");
@@ -106,7 +107,8 @@ pub(super) fn run(args: &SweepArgs) -> anyhow::Result<i32> {
     let mut w = Writer::open(&args.results)?;
     write_header(&mut w, &plan, host, &existing)?;
     let tty = std::io::stderr().is_terminal();
-    let progress = Progress::new(steps.len(), plan.run_estimate_s(), tty);
+    let per_run_s = estimate_s / steps.len().max(1) as f64;
+    let progress = Progress::new(steps.len(), per_run_s, tty);
     let mut sweep = Sweep::new(&plan, w, progress);
     sweep.start_servers(&steps)?;
     for cell in steps.chunk_by(|a, b| a.cell == b.cell) {
@@ -143,9 +145,18 @@ fn check_resumable(existing: &Results, plan: &Plan, path: &Path) -> anyhow::Resu
     Ok(())
 }
 
-/// Says what the sweep will do and how long it should take.
-fn announce(plan: &Plan, total_runs: usize, already: usize) {
-    let est = Duration::from_secs_f64(total_runs as f64 * plan.run_estimate_s());
+/// Seconds the runs of `steps` are expected to take, each with its column's
+/// ramp.
+pub(super) fn estimate_s(plan: &Plan, steps: &[Step]) -> f64 {
+    steps
+        .iter()
+        .map(|s| plan.run_estimate_s(s.setup, s.run.is_none()))
+        .sum()
+}
+
+/// Says what the sweep will do and how long it should take (`estimate_s`).
+fn announce(plan: &Plan, total_runs: usize, estimate_s: f64, already: usize) {
+    let est = Duration::from_secs_f64(estimate_s);
     let columns: Vec<String> = plan.setups.iter().map(|s| s.label()).collect();
     let resumed = if already > 0 {
         format!(", {already} runs already in the results file")

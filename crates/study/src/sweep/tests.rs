@@ -486,3 +486,27 @@ fn a_run_records_what_the_controller_did_during_it() {
         None
     );
 }
+
+/// The announced time and the ETA before the first run count each run with
+/// its column's ramp: `auto`'s runs ramp 4 s and its warm-up 8 s where the
+/// quick matrix ramps 0.25 s.
+#[test]
+fn the_estimate_counts_autos_longer_ramps() {
+    use std::collections::BTreeMap;
+
+    use super::runner::{estimate_s, order};
+    let p = plan(&["--backend", "null"]).unwrap();
+    let cell = Cell {
+        bs: 4096,
+        op: Op::Randread,
+        jobs: 1,
+        iodepth: 1,
+    };
+    let one = [Setup::IoThreads(1)];
+    let fixed = estimate_s(&p, &order(&[cell], &one, &BTreeMap::new(), 2, 1));
+    assert!((fixed - 3.0 * 1.3).abs() < 1e-9, "{fixed}");
+    let auto = [Setup::Auto];
+    let auto = estimate_s(&p, &order(&[cell], &auto, &BTreeMap::new(), 2, 1));
+    let expected = (1.0 + 8.0 + 0.05) + 2.0 * (1.0 + 4.0 + 0.05);
+    assert!((auto - expected).abs() < 1e-9, "{auto}");
+}
