@@ -11,7 +11,7 @@
 //! | here | in place of | why theirs costs |
 //! |---|---|---|
 //! | [`GuestMem`] (`mem.rs`) | vm-memory's `GuestMemoryMmap` as the map's type (its regions and accessors are kept inside) | `find_region` binary-searches the regions through each region's `Arc`; here a scan of an inline table of each region's bounds and host address |
-//! | [`SmallAccess`] (`mem.rs`) | vm-memory's `Bytes::read_slice`/`read_obj`/`write_obj` and `GuestMemory::load`/`store` for a range in one region | they walk any range region by region through generic iterators (`try_access`, `get_slices`); here a bounds check against the table and one volatile load or store on a slice made from its host address (not the region's `get_slice`, which goes through the region's `Arc` and checks again: 208 of the instructions per read below), vm-memory's accessor for anything else |
+//! | [`SmallAccess`] (`mem.rs`) | vm-memory's `Bytes::read_slice`/`read_obj`/`write_obj` and `GuestMemory::load`/`store` for a range in one region | they walk any range region by region through generic iterators (`try_access`, `get_slices`); here a bounds check against the table and one volatile load or store on a slice made from its host address (not the region's `get_slice`, which goes through the region's `Arc` and checks again: 208 instructions more per read at QD16), vm-memory's accessor for anything else |
 //! | [`SplitRing`] (`ring.rs`) | virtio-queue's `QueueT::avail_idx`, the avail entry read of `iter`/`pop_descriptor_chain`, `add_used`, `needs_notification`, `enable_notification`/`disable_notification` | each ring field goes through vm-memory's generic accessors (`enable_notification`, before every sleep of the thread: 255 instructions there, 165 here) |
 //! | [`HeadChain`] (`chain.rs`) | virtio-queue's `DescriptorChain` iterator | the same, per descriptor; and its constructor is crate-private, so it cannot walk a head that was not popped (a request resubmitted after a restart) |
 //!
@@ -33,10 +33,10 @@
 //!
 //! The second row was measured beside the first at an earlier build (2,646
 //! and 2,693 with this module then): about 1,300 instructions, a third of
-//! the daemon's own work per request then. The variant without it changes only what the table's left
-//! column names (the queue layer pops and publishes through virtio-queue,
-//! `GuestMem` answers every access through vm-memory); the null backend's
-//! memset of read data is not counted.
+//! the daemon's own work per request then. The variant without it changes
+//! only what the table's left column names (the queue layer pops and
+//! publishes through virtio-queue, `GuestMem` answers every access through
+//! vm-memory); the null backend's memset of read data is not counted.
 //!
 //! # What keeps it equivalent to the crates
 //!
