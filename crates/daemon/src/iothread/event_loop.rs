@@ -166,7 +166,12 @@ impl IoThread {
             // Hybrid polling (adaptive): sleep through the part of the wait in
             // which no event is expected (notifications armed, as in any
             // sleep), then spin for the event the nap expected.
-            let nap = if serving { self.policy.nap_at(t0) } else { 0 };
+            let mut nap = if serving { self.policy.nap_at(t0) } else { 0 };
+            if nap == 0 && window > 0 && serving {
+                // Now and then a timed nap before a spin, to measure the
+                // timer again (PollPolicy::sample_nap_in_spin).
+                nap = self.policy.sample_nap_in_spin(t0);
+            }
             if window > 0 || nap > 0 {
                 let mut deadline = window;
                 if nap > 0 {

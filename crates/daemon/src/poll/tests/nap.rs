@@ -214,6 +214,99 @@ fn a_high_calibration_is_measured_again_by_sampled_naps() {
     }
 }
 
+/// A high calibration is measured again in a thread that never sleeps
+/// either: with naps priced at 240 us its spin (two wake-ups long) outlasts
+/// every gap of a 50 us device, so no sleep ever comes to sample a nap.
+/// Once in [`NAP_SAMPLE_SPIN_NS`] of spinning without a measured nap, a
+/// timed nap comes before the spin instead.
+#[test]
+fn a_high_calibration_is_measured_again_in_a_thread_that_spins() {
+    let mut p = calibrated(2, 240_000, 20_000);
+    // QD1 on a 50 us device: a spin that no nap precedes every 35 us, in
+    // turn after a pass that answered the guest (its next request comes
+    // within microseconds and would end a nap: no sample there) and after
+    // one that submitted that request (the device answers in 50 us).
+    let mut now = 1_000_000u64;
+    let start = now;
+    let mut sampled = 0u64;
+    let mut answered = false;
+    while p.nap_late_ns() > 20_000 {
+        assert!(now - start < 60_000_000_000, "{}", p.nap_late_ns());
+        now += 35_000;
+        answered = !answered;
+        p.observe_answered(answered.then_some(1));
+        match p.sample_nap_in_spin(now) {
+            0 => {}
+            n => {
+                assert!(!answered, "a sample after an answer");
+                assert_eq!(n, NAP_SAMPLE_NS);
+                sampled += 1;
+                // Ended by its timer, 8 us late (what the host does now).
+                p.observe_nap(n, n + 8_000);
+            }
+        }
+    }
+    p.observe_answered([]);
+    // A sample far below the estimate is followed by another at the next
+    // spin, so the estimate comes down within two stretches of spinning,
+    // with a timed nap in about every other pass meanwhile.
+    assert!(
+        now - start <= 2 * NAP_SAMPLE_SPIN_NS + 70_000,
+        "{} ns",
+        now - start
+    );
+    assert!(sampled <= 100, "{sampled}");
+    // Where the estimate is right, one timed nap per stretch of spinning.
+    let mut confirmed = 0;
+    let t = now;
+    for k in 1..=1000u64 {
+        if p.sample_nap_in_spin(t + k * 1_000_000) > 0 {
+            confirmed += 1;
+            p.observe_nap(NAP_SAMPLE_NS, NAP_SAMPLE_NS + 10_000);
+        }
+    }
+    assert!(
+        confirmed <= 1_000_000_000 / NAP_SAMPLE_SPIN_NS + 1,
+        "{confirmed}"
+    );
+    // A sample ended by an event (not measured) is tried again after the
+    // next stretch, not at the next spin: a queue whose requests keep
+    // ending the naps does not pay a nap per request.
+    let t = t + 2_000_000_000;
+    assert_eq!(p.sample_nap_in_spin(t), NAP_SAMPLE_NS);
+    assert_eq!(p.sample_nap_in_spin(t + 70_000), 0);
+    assert_eq!(p.sample_nap_in_spin(t + NAP_SAMPLE_SPIN_NS - 1), 0);
+    let now = t;
+    // A nap that tells its lateness (the policy's own) starts the stretch
+    // again, half-way through one.
+    let half = NAP_SAMPLE_SPIN_NS / 2;
+    assert_eq!(p.sample_nap_in_spin(now + half), 0);
+    p.observe_nap(10_000, 20_000);
+    let restart = now + half + 1_000;
+    assert_eq!(p.sample_nap_in_spin(restart), 0);
+    assert_eq!(p.sample_nap_in_spin(now + NAP_SAMPLE_SPIN_NS + 1_000), 0);
+    assert_eq!(p.sample_nap_in_spin(restart + NAP_SAMPLE_SPIN_NS - 1), 0);
+    assert_eq!(
+        p.sample_nap_in_spin(restart + NAP_SAMPLE_SPIN_NS),
+        NAP_SAMPLE_NS
+    );
+    // A stretch that ends after an answer waits for the next spin that
+    // does not follow one.
+    let t = t + 3 * NAP_SAMPLE_SPIN_NS;
+    p.observe_answered([1]);
+    assert_eq!(p.sample_nap_in_spin(t), 0);
+    p.observe_answered([]);
+    assert_eq!(p.sample_nap_in_spin(t + 35_000), NAP_SAMPLE_NS);
+    // Other modes never nap, nor does poll-max-ns=0.
+    for mut q in never_napping() {
+        assert!(
+            (1..1000u64).all(|k| q.sample_nap_in_spin(k * NAP_SAMPLE_SPIN_NS) == 0),
+            "{:?}",
+            q.mode()
+        );
+    }
+}
+
 #[test]
 fn no_nap_for_events_too_scattered_for_the_spin_after_it() {
     // Naps end 60 us late, +- 5 (this VM's wake-up while loaded).
