@@ -46,6 +46,10 @@ pub struct IoThreadDelta {
     pub poll_hits: u64,
     /// Hybrid-polling naps.
     pub naps: u64,
+    /// Trials of sleeping until each event that gave a verdict (adaptive).
+    pub poll_trials: u64,
+    /// Of those, the ones sleeping won.
+    pub poll_trials_slept: u64,
     /// Seconds spent busy-polling.
     pub poll_seconds: f64,
     /// Seconds spent blocked waiting for events.
@@ -79,6 +83,8 @@ impl IoThreadDelta {
             poll_attempts: n(|t| t.poll_attempts),
             poll_hits: n(|t| t.poll_hits),
             naps: n(|t| t.naps),
+            poll_trials: n(|t| t.poll_trials),
+            poll_trials_slept: n(|t| t.poll_trials_slept),
             poll_seconds: x(|t| t.poll_seconds),
             sleep_seconds: x(|t| t.sleep_seconds),
             poll_window_ns: after.poll_window_ns,
@@ -157,6 +163,8 @@ mod tests {
             naps: 5 * k,
             nap_late_ns: 0,
             nap_cpu_ns: 0,
+            poll_trials: k,
+            poll_trials_slept: k,
             poll_seconds: k as f64 * 0.25,
             sleep_seconds: k as f64,
             queues: Vec::new(),
@@ -213,6 +221,8 @@ mod tests {
                 "poll_attempts",
                 "poll_hits",
                 "poll_seconds",
+                "poll_trials",
+                "poll_trials_slept",
                 "poll_window_ns",
                 "popped",
                 "requests",

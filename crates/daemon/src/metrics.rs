@@ -369,7 +369,7 @@ pub fn render(iothreads: &[IoThreadSnapshot]) -> String {
     );
     // Per IOThread.
     type Get = fn(&IoThreadSnapshot) -> f64;
-    let per_thread: [(&str, &str, MetricType, Get); 21] = [
+    let per_thread: [(&str, &str, MetricType, Get); 23] = [
         (
             "vqblk_iothread_cpu_seconds_total",
             "CPU time (user and system) of the IOThread.",
@@ -435,6 +435,18 @@ pub fn render(iothreads: &[IoThreadSnapshot]) -> String {
             "Hybrid-polling naps (timed sleeps before spinning).",
             COUNTER,
             |t| t.naps as f64,
+        ),
+        (
+            "vqblk_iothread_poll_trials_total",
+            "Trials of sleeping until each event against adaptive polling that gave a verdict.",
+            COUNTER,
+            |t| t.poll_trials as f64,
+        ),
+        (
+            "vqblk_iothread_poll_trials_slept_total",
+            "Trials in which sleeping until each event was as fast, within the IOPS budget (the thread then sleeps until the next trial).",
+            COUNTER,
+            |t| t.poll_trials_slept as f64,
         ),
         (
             "vqblk_iothread_nap_late_seconds",

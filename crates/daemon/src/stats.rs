@@ -279,6 +279,12 @@ pub struct IoThreadStats {
     pub nap_late_ns: Gauge,
     /// Thread CPU time of one timed nap, ns, as measured.
     pub nap_cpu_ns: Gauge,
+    /// Trials of sleeping until each event that gave a verdict (adaptive
+    /// polling, rule 6).
+    pub poll_trials: Counter,
+    /// Of those, the ones in which sleeping was as fast (the thread then
+    /// sleeps until the next trial).
+    pub poll_trials_slept: Counter,
     /// Time spent busy-polling, ns.
     pub poll_ns: Counter,
     /// Time spent blocked in epoll_wait, ns.
@@ -370,6 +376,8 @@ impl IoThreadStats {
             naps: self.naps.get(),
             nap_late_ns: self.nap_late_ns.get(),
             nap_cpu_ns: self.nap_cpu_ns.get(),
+            poll_trials: self.poll_trials.get(),
+            poll_trials_slept: self.poll_trials_slept.get(),
             poll_seconds: self.poll_ns.get() as f64 / 1e9,
             sleep_seconds: self.sleep_ns.get() as f64 / 1e9,
             queues,
@@ -508,6 +516,12 @@ pub struct IoThreadSnapshot {
     /// Thread CPU time of one timed nap, ns (adaptive mode's measurement; 0 otherwise).
     #[serde(default)]
     pub nap_cpu_ns: u64,
+    /// Trials of sleeping until each event that gave a verdict (adaptive mode).
+    #[serde(default)]
+    pub poll_trials: u64,
+    /// Of those, the ones sleeping won.
+    #[serde(default)]
+    pub poll_trials_slept: u64,
     /// Seconds spent busy-polling.
     pub poll_seconds: f64,
     /// Seconds spent blocked waiting for events.

@@ -185,6 +185,13 @@ pub struct IoThreadCounters {
     pub naps: u64,
     /// Polling windows that caught their event.
     pub poll_hits: u64,
+    /// Adaptive polling's trials of sleeping until each event that gave a
+    /// verdict.
+    #[serde(default)]
+    pub poll_trials: u64,
+    /// Of those, the ones sleeping won.
+    #[serde(default)]
+    pub poll_trials_slept: u64,
     /// The largest nap lateness measured by an IOThread that served requests
     /// during the run (the price of a sleep its policy weighs), at its end.
     pub nap_late_ns: u64,

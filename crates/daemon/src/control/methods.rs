@@ -292,6 +292,8 @@ impl Methods {
                     "poll-attempts": s.poll_attempts,
                     "poll-hits": s.poll_hits,
                     "naps": s.naps,
+                    "poll-trials": s.poll_trials,
+                    "poll-trials-slept": s.poll_trials_slept,
                     "kick-wakeups": s.kick_wakeups,
                     "completion-wakeups": s.completion_wakeups,
                     "kicks": s.kicks,
@@ -599,6 +601,8 @@ fn thread_since(t: &mut IoThreadSnapshot, b: &IoThreadSnapshot) {
         (&mut t.poll_attempts, b.poll_attempts),
         (&mut t.poll_hits, b.poll_hits),
         (&mut t.naps, b.naps),
+        (&mut t.poll_trials, b.poll_trials),
+        (&mut t.poll_trials_slept, b.poll_trials_slept),
     ] {
         *v = v.saturating_sub(old);
     }

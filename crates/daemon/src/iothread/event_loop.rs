@@ -257,6 +257,12 @@ impl IoThread {
             self.policy
                 .update(t_end.saturating_sub(t0), &sources, polled_hit);
             self.policy.observe_events_at(t_end, &sources);
+            if let Some(slept) = self.policy.observe_pass(t_end) {
+                self.stats.poll_trials.add(1);
+                if slept {
+                    self.stats.poll_trials_slept.add(1);
+                }
+            }
             // Keep kicks off while we expect to poll next time.
             let rearm = self.window() == 0;
             for slot in ready.drain(..) {

@@ -38,6 +38,7 @@ mod adaptive;
 mod classic;
 mod nap;
 pub mod sim;
+mod trial;
 
 #[cfg(test)]
 mod tests;
@@ -414,10 +415,10 @@ impl PollPolicy {
     }
 
     /// The adaptive algorithm's state, if this policy naps: adaptive, with
-    /// `poll-max-ns` not 0.
+    /// `poll-max-ns` not 0, and not sleeping until each event (rule 6).
     fn napping(&self) -> Option<&Adaptive> {
         match &self.algo {
-            Algorithm::Adaptive(a) if self.params.poll_max_ns != 0 => Some(a),
+            Algorithm::Adaptive(a) if self.params.poll_max_ns != 0 && !a.sleeping() => Some(a),
             _ => None,
         }
     }
@@ -445,6 +446,35 @@ impl PollPolicy {
         if let Algorithm::Adaptive(a) = &mut self.algo {
             a.observe_events_at(now_ns, events);
         }
+    }
+
+    /// Adaptive, rule 6: called once per pass with the pass's clock (any
+    /// monotonic clock, > 0), after [`Self::observe_finished`]. Now and then
+    /// a trial compares the requests finished a second while waiting as the
+    /// algorithm says and while sleeping until each event, in alternating
+    /// windows; where sleeping is as fast, within `latency_budget_pct`, the
+    /// thread sleeps (window 0, no nap) until the next trial (see
+    /// `trial.rs`). Returns the verdict of a trial that ended with this
+    /// pass (true: sleep), if it saw enough requests to give one. Other
+    /// modes ignore the call, as does `poll-max-ns=0`.
+    pub fn observe_pass(&mut self, now_ns: u64) -> Option<bool> {
+        if self.params.poll_max_ns == 0 {
+            return None;
+        }
+        let Algorithm::Adaptive(a) = &mut self.algo else {
+            return None;
+        };
+        let (changed, verdict) = a.observe_pass(now_ns, self.adaptive.latency_budget_pct);
+        if changed {
+            self.refresh_window();
+        }
+        verdict
+    }
+
+    /// Adaptive, rule 6: whether the thread sleeps until each event now (a
+    /// trial's sleeping window, or its verdict); false in other modes.
+    pub fn sleeping(&self) -> bool {
+        matches!(&self.algo, Algorithm::Adaptive(a) if a.sleeping())
     }
 
     /// Called at the end of each pass with the sources (indexes) whose guests

@@ -9,6 +9,7 @@ mod classic;
 mod nap;
 mod policy;
 mod sim;
+mod trial;
 
 fn params(max: u64, grow: u64, shrink: u64, weight: u32) -> PollParams {
     PollParams {
@@ -29,4 +30,23 @@ fn weighted(weight: u32, shrink: u64) -> PollPolicy {
 
 fn adaptive() -> PollPolicy {
     PollPolicy::new(PollMode::Adaptive, PollParams::default(), 1)
+}
+
+/// A policy of each kind that never naps: every mode but adaptive, and
+/// adaptive with `poll-max-ns=0`; one source.
+fn never_napping() -> Vec<PollPolicy> {
+    let no_polling = PollParams {
+        poll_max_ns: 0,
+        ..PollParams::default()
+    };
+    [
+        PollMode::Classic,
+        PollMode::Weighted,
+        PollMode::Busy,
+        PollMode::Off,
+    ]
+    .into_iter()
+    .map(|mode| PollPolicy::new(mode, PollParams::default(), 1))
+    .chain([PollPolicy::new(PollMode::Adaptive, no_polling, 1)])
+    .collect()
 }

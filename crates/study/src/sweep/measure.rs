@@ -75,6 +75,8 @@ pub fn parse_bench_json(text: &str, op: Op) -> anyhow::Result<Measured> {
             c.kick_wakeups += n("kick_wakeups");
             c.naps += n("naps");
             c.poll_hits += n("poll_hits");
+            c.poll_trials += n("poll_trials");
+            c.poll_trials_slept += n("poll_trials_slept");
             if n("requests") > 0 {
                 c.nap_late_ns = c.nap_late_ns.max(n("nap_late_ns"));
             }

@@ -95,25 +95,6 @@ fn adaptive_naps_only_when_events_are_predictably_late() {
     }
 }
 
-/// A policy of each kind that never naps: every mode but adaptive, and
-/// adaptive with `poll-max-ns=0`; one source.
-fn never_napping() -> Vec<PollPolicy> {
-    let no_polling = PollParams {
-        poll_max_ns: 0,
-        ..PollParams::default()
-    };
-    [
-        PollMode::Classic,
-        PollMode::Weighted,
-        PollMode::Busy,
-        PollMode::Off,
-    ]
-    .into_iter()
-    .map(|mode| PollPolicy::new(mode, PollParams::default(), 1))
-    .chain([PollPolicy::new(PollMode::Adaptive, no_polling, 1)])
-    .collect()
-}
-
 #[test]
 fn nap_lateness_is_learnt_from_measured_naps() {
     let mut p = PollPolicy::new(PollMode::Adaptive, PollParams::default(), 1);

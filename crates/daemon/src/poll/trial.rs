@@ -1,0 +1,173 @@
+//! Rule 6 of the adaptive algorithm: check, now and then, that polling buys
+//! what the model says it buys, by trying the other way.
+//!
+//! Rules 1-5 price a wake-up at what a timed nap costs on this host and poll
+//! where the wake-ups saved are worth it. On this project's VM that model
+//! was wrong in whole cells: at QD1 on a 50 us null device, and at QD16 on a
+//! file, a thread that never polls (`--poll off`) served as many requests a
+//! second as the adaptive one, or more, at half its CPU (docs/polling.md,
+//! "Trying the other way"). What a wake-up costs the guest, and what a
+//! spinning thread costs the CPU it shares with the guest's vCPU or the
+//! disk's interrupts, the thread cannot measure directly; the requests it
+//! finishes per second, it can.
+//!
+//! So a thread that serves requests runs a trial: [`WINDOWS`] windows of
+//! [`WINDOW_NS`], in turn waiting as rules 1-5 say and sleeping until each
+//! event (no window, no nap), in the order ABBA BAAB so that a steady drift
+//! of the load weighs on both sides alike. If the sleeping windows finished
+//! requests at a rate within the IOPS budget (`latency_budget_pct`, 2%) of
+//! the others, sleeping is as fast and cheaper: the thread sleeps until the
+//! next trial. Otherwise it waits as rules 1-5 say; a trial whose sleeping
+//! windows fall clearly behind ends early (`Trial::sleep_lost`). A verdict is held
+//! [`HOLD_MIN_NS`] after it changes, twice as long each time a trial
+//! confirms it, up to [`HOLD_MAX_NS`]: where polling pays, the trials sleep
+//! 2-8% of the time at first (20-80 ms of sleeping windows in a second),
+//! 0.25-1% once the verdict holds 8 s. A trial that sees too few
+//! requests to tell ([`MIN_REQUESTS`]) keeps the verdict; one interrupted by
+//! an idle spell ([`IDLE_NS`] without a pass) is dropped.
+
+use std::cmp::Ordering;
+
+/// Length of one window of a trial.
+pub(super) const WINDOW_NS: u64 = 20_000_000;
+/// Windows per trial, half of them asleep.
+pub(super) const WINDOWS: usize = 8;
+/// Which windows of a trial sleep (ABBA BAAB).
+const SLEEPS: [bool; WINDOWS] = [false, true, true, false, true, false, false, true];
+/// When the first trial starts, after the thread's first pass.
+pub(super) const FIRST_TRIAL_NS: u64 = 100_000_000;
+/// How long a verdict is held after it changed.
+pub(super) const HOLD_MIN_NS: u64 = 1_000_000_000;
+/// Longest hold of a verdict that trials keep confirming: a load that
+/// changes waits at most this long for the way that suits it.
+pub(super) const HOLD_MAX_NS: u64 = 8_000_000_000;
+/// Requests a trial must see, in all, to give a verdict.
+pub(super) const MIN_REQUESTS: u64 = 256;
+/// A pass this long after the previous one ends a trial without a verdict:
+/// the thread slept through an idle spell, and its window measured that.
+pub(super) const IDLE_NS: u64 = 2 * WINDOW_NS;
+
+/// The trial under way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Trial {
+    /// Index of the current window.
+    window: usize,
+    /// When it started.
+    window_start: u64,
+    /// Requests finished and time spent, waiting as rules 1-5 say (0) and
+    /// asleep (1).
+    requests: [u64; 2],
+    elapsed: [u64; 2],
+}
+
+impl Trial {
+    /// Whether the sleeping windows so far finished fewer requests a second
+    /// than the others by more than five times the budget (10% by default),
+    /// over at least [`MIN_REQUESTS`] / 2 requests awake: the trial ends
+    /// there, without the windows left. Where polling pays that much (a
+    /// polling driver at QD1: sleeping serves a quarter of the requests),
+    /// a trial then costs one sleeping window instead of four.
+    fn sleep_lost(&self, budget_pct: u64) -> bool {
+        self.requests[0] >= MIN_REQUESTS / 2
+            && self.asleep_vs_awake(budget_pct.saturating_mul(5)) == Ordering::Less
+    }
+
+    /// The sleeping windows' rate against the others' less `margin_pct`
+    /// percent (requests per ns, compared as cross products).
+    fn asleep_vs_awake(&self, margin_pct: u64) -> Ordering {
+        let awake = u128::from(self.requests[0]) * u128::from(self.elapsed[1]);
+        let asleep = u128::from(self.requests[1]) * u128::from(self.elapsed[0]);
+        (asleep * 100).cmp(&(awake * u128::from(100 - margin_pct.min(100))))
+    }
+}
+
+/// Trials and their verdict: whether the thread sleeps until each event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(super) struct Trials {
+    /// The verdict of the last trial: sleep until each event.
+    sleep: bool,
+    /// How long the verdict is held (0: no trial yet).
+    hold_ns: u64,
+    /// When the next trial starts (0: not scheduled yet).
+    next_at: u64,
+    /// The last pass's time.
+    last_at: u64,
+    trial: Option<Trial>,
+}
+
+impl Trials {
+    /// Whether the coming wait sleeps until an event (no window, no nap).
+    pub(super) fn sleeping(&self) -> bool {
+        match &self.trial {
+            Some(t) => SLEEPS[t.window],
+            None => self.sleep,
+        }
+    }
+
+    /// A pass at `now_ns` (> 0) found `finished` requests finished by the
+    /// pass before. Returns whether [`Self::sleeping`] changed, and the
+    /// verdict of a trial that ended with one (true: sleep). The first
+    /// trial starts [`FIRST_TRIAL_NS`] after the first call.
+    pub(super) fn observe(
+        &mut self,
+        now_ns: u64,
+        finished: u64,
+        budget_pct: u64,
+    ) -> (bool, Option<bool>) {
+        let before = self.sleeping();
+        let mut verdict = None;
+        let idle = self.last_at != 0 && now_ns.saturating_sub(self.last_at) >= IDLE_NS;
+        self.last_at = now_ns;
+        if self.next_at == 0 {
+            self.next_at = now_ns.saturating_add(FIRST_TRIAL_NS);
+        }
+        match &mut self.trial {
+            Some(_) if idle => {
+                self.trial = None;
+                self.next_at = now_ns;
+            }
+            Some(t) => {
+                let side = usize::from(SLEEPS[t.window]);
+                t.requests[side] += finished;
+                let spent = now_ns.saturating_sub(t.window_start);
+                if spent >= WINDOW_NS {
+                    t.elapsed[side] += spent;
+                    t.window += 1;
+                    t.window_start = now_ns;
+                    if t.window == WINDOWS || (side == 1 && t.sleep_lost(budget_pct)) {
+                        let t = *t;
+                        self.trial = None;
+                        verdict = self.conclude(&t, now_ns, budget_pct);
+                    }
+                }
+            }
+            None if now_ns >= self.next_at => {
+                self.trial = Some(Trial {
+                    window: 0,
+                    window_start: now_ns,
+                    requests: [0; 2],
+                    elapsed: [0; 2],
+                });
+            }
+            None => {}
+        }
+        (self.sleeping() != before, verdict)
+    }
+
+    /// The verdict of a finished trial, if it saw enough requests to give one.
+    fn conclude(&mut self, t: &Trial, now_ns: u64, budget_pct: u64) -> Option<bool> {
+        let mut verdict = None;
+        if t.requests[0] + t.requests[1] >= MIN_REQUESTS {
+            let sleep = t.asleep_vs_awake(budget_pct) != Ordering::Less;
+            self.hold_ns = if sleep == self.sleep && self.hold_ns != 0 {
+                (self.hold_ns * 2).min(HOLD_MAX_NS)
+            } else {
+                HOLD_MIN_NS
+            };
+            self.sleep = sleep;
+            verdict = Some(sleep);
+        }
+        self.next_at = now_ns.saturating_add(self.hold_ns.max(HOLD_MIN_NS));
+        verdict
+    }
+}
