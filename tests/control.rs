@@ -88,6 +88,8 @@ fn queries_and_protocol_errors() {
             "notifications-suppressed",
             "nap-late-ns",
             "nap-cpu-ns",
+            "poll-trials",
+            "poll-trials-slept",
         ] {
             assert!(t[k].is_number(), "{k} in {t}");
         }

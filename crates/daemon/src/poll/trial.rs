@@ -6,7 +6,7 @@
 //! was wrong in whole cells: at QD1 on a 50 us null device, and at QD16 on a
 //! file, a thread that never polls (`--poll off`) served as many requests a
 //! second as the adaptive one, or more, at half its CPU (docs/polling.md,
-//! "Trying the other way"). What a wake-up costs the guest, and what a
+//! "Try the other way now and then"). What a wake-up costs the guest, and what a
 //! spinning thread costs the CPU it shares with the guest's vCPU or the
 //! disk's interrupts, the thread cannot measure directly; the requests it
 //! finishes per second, it can.
@@ -16,7 +16,8 @@
 //! event (no window, no nap), in the order ABBA BAAB so that a steady drift
 //! of the load weighs on both sides alike. If the sleeping windows finished
 //! requests at a rate within the IOPS budget (`latency_budget_pct`, 2%) of
-//! the others, sleeping is as fast and cheaper: the thread sleeps until the
+//! the others, in each half of the trial, and again in a second trial right
+//! after where the thread polled until then, sleeping is as fast and cheaper: the thread sleeps until the
 //! next trial. Otherwise it waits as rules 1-5 say; a trial whose sleeping
 //! windows fall clearly behind ends early (`Trial::sleep_lost`). A verdict is held
 //! [`HOLD_MIN_NS`] after it changes, twice as long each time a trial
@@ -54,10 +55,10 @@ struct Trial {
     window: usize,
     /// When it started.
     window_start: u64,
-    /// Requests finished and time spent, waiting as rules 1-5 say (0) and
-    /// asleep (1).
-    requests: [u64; 2],
-    elapsed: [u64; 2],
+    /// Requests finished and time spent in each half of the trial (ABBA,
+    /// BAAB), waiting as rules 1-5 say (0) and asleep (1).
+    requests: [[u64; 2]; 2],
+    elapsed: [[u64; 2]; 2],
 }
 
 impl Trial {
@@ -68,17 +69,29 @@ impl Trial {
     /// polling driver at QD1: sleeping serves a quarter of the requests),
     /// a trial then costs one sleeping window instead of four.
     fn sleep_lost(&self, budget_pct: u64) -> bool {
-        self.requests[0] >= MIN_REQUESTS / 2
-            && self.asleep_vs_awake(budget_pct.saturating_mul(5)) == Ordering::Less
+        let sum = |v: &[[u64; 2]; 2]| [v[0][0] + v[1][0], v[0][1] + v[1][1]];
+        let (requests, elapsed) = (sum(&self.requests), sum(&self.elapsed));
+        requests[0] >= MIN_REQUESTS / 2
+            && asleep_vs_awake(requests, elapsed, budget_pct.saturating_mul(5)) == Ordering::Less
     }
 
-    /// The sleeping windows' rate against the others' less `margin_pct`
-    /// percent (requests per ns, compared as cross products).
-    fn asleep_vs_awake(&self, margin_pct: u64) -> Ordering {
-        let awake = u128::from(self.requests[0]) * u128::from(self.elapsed[1]);
-        let asleep = u128::from(self.requests[1]) * u128::from(self.elapsed[0]);
-        (asleep * 100).cmp(&(awake * u128::from(100 - margin_pct.min(100))))
+    /// Whether sleeping was as fast, within `budget_pct`, in each half of
+    /// the trial: a host whose speed changed during one half (this VM's
+    /// varies twofold from one second to the next) does not make sleeping
+    /// look faster than it is.
+    fn sleep_won(&self, budget_pct: u64) -> bool {
+        (0..2).all(|h| {
+            asleep_vs_awake(self.requests[h], self.elapsed[h], budget_pct) != Ordering::Less
+        })
     }
+}
+
+/// The sleeping side's rate against the other's less `margin_pct` percent
+/// (requests per ns, compared as cross products; index 0 awake, 1 asleep).
+fn asleep_vs_awake(requests: [u64; 2], elapsed: [u64; 2], margin_pct: u64) -> Ordering {
+    let awake = u128::from(requests[0]) * u128::from(elapsed[1]);
+    let asleep = u128::from(requests[1]) * u128::from(elapsed[0]);
+    (asleep * 100).cmp(&(awake * u128::from(100 - margin_pct.min(100))))
 }
 
 /// Trials and their verdict: whether the thread sleeps until each event.
@@ -92,6 +105,9 @@ pub(super) struct Trials {
     next_at: u64,
     /// The last pass's time.
     last_at: u64,
+    /// A trial found sleeping as fast while the thread polls: the next
+    /// trial, at once, must find it too before the thread sleeps.
+    confirming: bool,
     trial: Option<Trial>,
 }
 
@@ -128,10 +144,11 @@ impl Trials {
             }
             Some(t) => {
                 let side = usize::from(SLEEPS[t.window]);
-                t.requests[side] += finished;
+                let half = t.window * 2 / WINDOWS;
+                t.requests[half][side] += finished;
                 let spent = now_ns.saturating_sub(t.window_start);
                 if spent >= WINDOW_NS {
-                    t.elapsed[side] += spent;
+                    t.elapsed[half][side] += spent;
                     t.window += 1;
                     t.window_start = now_ns;
                     if t.window == WINDOWS || (side == 1 && t.sleep_lost(budget_pct)) {
@@ -145,8 +162,8 @@ impl Trials {
                 self.trial = Some(Trial {
                     window: 0,
                     window_start: now_ns,
-                    requests: [0; 2],
-                    elapsed: [0; 2],
+                    requests: [[0; 2]; 2],
+                    elapsed: [[0; 2]; 2],
                 });
             }
             None => {}
@@ -157,8 +174,16 @@ impl Trials {
     /// The verdict of a finished trial, if it saw enough requests to give one.
     fn conclude(&mut self, t: &Trial, now_ns: u64, budget_pct: u64) -> Option<bool> {
         let mut verdict = None;
-        if t.requests[0] + t.requests[1] >= MIN_REQUESTS {
-            let sleep = t.asleep_vs_awake(budget_pct) != Ordering::Less;
+        if t.requests.iter().flatten().sum::<u64>() >= MIN_REQUESTS {
+            let sleep = t.sleep_won(budget_pct);
+            if sleep && !self.sleep && !std::mem::take(&mut self.confirming) {
+                // Sleeping costs the most where it is wrong: a second trial
+                // must agree before the thread stops polling.
+                self.confirming = true;
+                self.next_at = now_ns;
+                return None;
+            }
+            self.confirming = false;
             self.hold_ns = if sleep == self.sleep && self.hold_ns != 0 {
                 (self.hold_ns * 2).min(HOLD_MAX_NS)
             } else {
