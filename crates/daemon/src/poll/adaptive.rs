@@ -102,10 +102,10 @@
 //!    compares, in short alternating windows, the requests it finishes a
 //!    second waiting as rules 1-5 say and sleeping until each event; where
 //!    sleeping is as fast (within the IOPS budget), it sleeps until the next
-//!    trial. See the `trial` module.
+//!    trial. See the `trial` module; [`PollPolicy`](super::PollPolicy)
+//!    holds the trials beside this state and overrides its window.
 
 use super::nap::Rhythm;
-use super::trial::Trials;
 use super::{ewma, jacobson, AdaptiveParams, PollParams, ADAPTIVE_MIN_POLL_NS, MEAN_SHIFT};
 
 /// Hit-rate fixed point: 1.0 == `RATE_ONE`.
@@ -267,10 +267,6 @@ pub(super) struct Adaptive {
     /// EWMA of the requests each pass finished, fixed point (`DEPTH_ONE` == 1
     /// request; 0: not observed, taken as 1).
     batch: u64,
-    /// Requests finished since the last [`Adaptive::observe_pass`].
-    finished: u64,
-    /// Rule 6: trials of sleeping until each event, and their verdict.
-    trials: Trials,
 }
 
 impl Adaptive {
@@ -284,23 +280,7 @@ impl Adaptive {
             cycle_ns: 0,
             depth: 0,
             batch: 0,
-            finished: 0,
-            trials: Trials::default(),
         }
-    }
-
-    /// Rule 6: a pass at `now_ns` (> 0). Returns whether the window must be
-    /// recomputed (a trial's window, or a verdict, changed the way the
-    /// thread waits), and the verdict of a trial that ended with one.
-    pub(super) fn observe_pass(&mut self, now_ns: u64, budget_pct: u64) -> (bool, Option<bool>) {
-        let finished = std::mem::take(&mut self.finished);
-        self.trials.observe(now_ns, finished, budget_pct)
-    }
-
-    /// Rule 6: whether the coming wait sleeps until an event (no window, no
-    /// nap).
-    pub(super) fn sleeping(&self) -> bool {
-        self.trials.sleeping()
     }
 
     /// Sets the number of sources; removed ones are forgotten, added ones are fresh.
@@ -378,7 +358,6 @@ impl Adaptive {
     /// The last pass finished `n` requests: feeds the batch that turns the
     /// depth into a round trip in event intervals (rules 3a and 3b).
     pub(super) fn observe_finished(&mut self, n: u64) {
-        self.finished = self.finished.saturating_add(n);
         let x = n.min(DEPTH_SAMPLE_CAP) * DEPTH_ONE;
         self.batch = ewma(self.batch, x, MEAN_SHIFT);
     }
@@ -465,9 +444,6 @@ impl Adaptive {
             .map(|s| s.cover(knobs, max))
             .max()
             .unwrap_or(0);
-        if self.trials.sleeping() {
-            return 0;
-        }
         self.window(knobs)
     }
 

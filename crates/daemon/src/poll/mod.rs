@@ -49,6 +49,7 @@ use adaptive::Adaptive;
 use classic::{Classic, Weighted};
 use nap::NapTiming;
 pub use sim::{simulate, simulate_events, SimEvent, SimResult};
+use trial::Trials;
 
 /// First step of a classic window that grows from 0 (QEMU: "start polling at 4
 /// microseconds").
@@ -304,6 +305,12 @@ pub struct PollPolicy {
     /// How late a timed nap ends on this host and what it costs (measured by the
     /// IOThread; used by adaptive naps).
     nap: NapTiming,
+    /// Adaptive, rule 6: trials of sleeping until each event, and their
+    /// verdict (kept here, not in the algorithm's state: they override its
+    /// window).
+    trials: Trials,
+    /// Adaptive: requests finished since the last [`PollPolicy::observe_pass`].
+    finished: u64,
 }
 
 impl PollPolicy {
@@ -318,6 +325,8 @@ impl PollPolicy {
             had_event: vec![false; num_sources],
             window_ns: 0,
             nap: NapTiming::default(),
+            trials: Trials::default(),
+            finished: 0,
         };
         policy.refresh_window();
         policy
@@ -418,7 +427,9 @@ impl PollPolicy {
     /// `poll-max-ns` not 0, and not sleeping until each event (rule 6).
     fn napping(&self) -> Option<&Adaptive> {
         match &self.algo {
-            Algorithm::Adaptive(a) if self.params.poll_max_ns != 0 && !a.sleeping() => Some(a),
+            Algorithm::Adaptive(a) if self.params.poll_max_ns != 0 && !self.trials.sleeping() => {
+                Some(a)
+            }
             _ => None,
         }
     }
@@ -461,10 +472,13 @@ impl PollPolicy {
         if self.params.poll_max_ns == 0 {
             return None;
         }
-        let Algorithm::Adaptive(a) = &mut self.algo else {
+        if !matches!(self.algo, Algorithm::Adaptive(_)) {
             return None;
-        };
-        let (changed, verdict) = a.observe_pass(now_ns, self.adaptive.latency_budget_pct);
+        }
+        let finished = std::mem::take(&mut self.finished);
+        let (changed, verdict) =
+            self.trials
+                .observe(now_ns, finished, self.adaptive.latency_budget_pct);
         if changed {
             self.refresh_window();
         }
@@ -474,7 +488,7 @@ impl PollPolicy {
     /// Adaptive, rule 6: whether the thread sleeps until each event now (a
     /// trial's sleeping window, or its verdict); false in other modes.
     pub fn sleeping(&self) -> bool {
-        matches!(&self.algo, Algorithm::Adaptive(a) if a.sleeping())
+        matches!(self.algo, Algorithm::Adaptive(_)) && self.trials.sleeping()
     }
 
     /// Called at the end of each pass with the sources (indexes) whose guests
@@ -635,6 +649,7 @@ impl PollPolicy {
     pub fn observe_finished(&mut self, n: usize) {
         if let Algorithm::Adaptive(a) = &mut self.algo {
             a.observe_finished(n as u64);
+            self.finished = self.finished.saturating_add(n as u64);
         }
     }
 
@@ -688,7 +703,13 @@ impl PollPolicy {
             Algorithm::Weighted(w) => w.window(),
             Algorithm::Adaptive(a) => {
                 let (params, knobs) = adaptive_knobs(&self.params, &self.adaptive, &self.nap);
-                a.refresh(&params, &knobs)
+                let window = a.refresh(&params, &knobs);
+                // Rule 6: a trial's sleeping window, or its verdict.
+                if self.trials.sleeping() {
+                    0
+                } else {
+                    window
+                }
             }
         };
     }
