@@ -151,8 +151,8 @@ impl IoThread {
             // queue slot on every pass.
             self.policy.observe_in_flight(self.executor.inflight());
             let finished = self.stats.requests.get();
-            self.policy
-                .observe_finished(finished.saturating_sub(self.finished_before) as usize);
+            let finished_last = finished.saturating_sub(self.finished_before) as usize;
+            self.policy.observe_finished(finished_last);
             self.finished_before = finished;
             let window = if serving { self.policy.poll_ns() } else { 0 };
             self.stats.poll_window_ns.set(window.min(i64::MAX as u64));
@@ -167,7 +167,7 @@ impl IoThread {
             // which no event is expected (notifications armed, as in any
             // sleep), then spin for the event the nap expected.
             let mut nap = if serving { self.policy.nap_at(t0) } else { 0 };
-            if nap == 0 && window > 0 && serving {
+            if nap == 0 && window > 0 {
                 // Now and then a timed nap before a spin, to measure the
                 // timer again (PollPolicy::sample_nap_in_spin).
                 nap = self.policy.sample_nap_in_spin(t0);
@@ -257,7 +257,7 @@ impl IoThread {
             self.policy
                 .update(t_end.saturating_sub(t0), &sources, polled_hit);
             self.policy.observe_events_at(t_end, &sources);
-            if let Some(slept) = self.policy.observe_pass(t_end) {
+            if let Some(slept) = self.policy.observe_pass(t_end, finished_last) {
                 self.stats.poll_trials.add(1);
                 if slept {
                     self.stats.poll_trials_slept.add(1);

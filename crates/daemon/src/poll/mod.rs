@@ -309,8 +309,6 @@ pub struct PollPolicy {
     /// verdict (kept here, not in the algorithm's state: they override its
     /// window).
     trials: Trials,
-    /// Adaptive: requests finished since the last [`PollPolicy::observe_pass`].
-    finished: u64,
 }
 
 impl PollPolicy {
@@ -326,7 +324,6 @@ impl PollPolicy {
             window_ns: 0,
             nap: NapTiming::default(),
             trials: Trials::default(),
-            finished: 0,
         };
         policy.refresh_window();
         policy
@@ -460,7 +457,8 @@ impl PollPolicy {
     }
 
     /// Adaptive, rule 6: called once per pass with the pass's clock (any
-    /// monotonic clock, > 0), after [`Self::observe_finished`]. Now and then
+    /// monotonic clock, > 0) and the requests the pass before finished (as
+    /// handed to [`Self::observe_finished`]). Now and then
     /// a trial compares the requests finished a second while waiting as the
     /// algorithm says and while sleeping until each event, in alternating
     /// windows; where sleeping is as fast, within `latency_budget_pct`, the
@@ -468,17 +466,13 @@ impl PollPolicy {
     /// `trial.rs`). Returns the verdict of a trial that ended with this
     /// pass (true: sleep), if it saw enough requests to give one. Other
     /// modes ignore the call, as does `poll-max-ns=0`.
-    pub fn observe_pass(&mut self, now_ns: u64) -> Option<bool> {
-        if self.params.poll_max_ns == 0 {
+    pub fn observe_pass(&mut self, now_ns: u64, finished: usize) -> Option<bool> {
+        if self.params.poll_max_ns == 0 || !matches!(self.algo, Algorithm::Adaptive(_)) {
             return None;
         }
-        if !matches!(self.algo, Algorithm::Adaptive(_)) {
-            return None;
-        }
-        let finished = std::mem::take(&mut self.finished);
         let (changed, verdict) =
             self.trials
-                .observe(now_ns, finished, self.adaptive.latency_budget_pct);
+                .observe(now_ns, finished as u64, self.adaptive.latency_budget_pct);
         if changed {
             self.refresh_window();
         }
@@ -486,8 +480,10 @@ impl PollPolicy {
     }
 
     /// Adaptive, rule 6: whether the thread sleeps until each event now (a
-    /// trial's sleeping window, or its verdict); false in other modes.
-    pub fn sleeping(&self) -> bool {
+    /// trial's sleeping window, or its verdict); false in other modes. The
+    /// thread reads it as a window of 0 and no nap.
+    #[cfg(test)]
+    fn sleeping(&self) -> bool {
         matches!(self.algo, Algorithm::Adaptive(_)) && self.trials.sleeping()
     }
 
@@ -649,7 +645,6 @@ impl PollPolicy {
     pub fn observe_finished(&mut self, n: usize) {
         if let Algorithm::Adaptive(a) = &mut self.algo {
             a.observe_finished(n as u64);
-            self.finished = self.finished.saturating_add(n as u64);
         }
     }
 

@@ -24,9 +24,6 @@ use super::{
     MIN_NAP_SAVING_NS, NAP_HORIZON_NS, NAP_SAMPLE_SPIN_NS,
 };
 
-/// [`NapTiming::spin_unsampled`]: measure again at the next spin.
-const SAMPLE_AGAIN: u64 = u64::MAX;
-
 /// Overshoot samples of a nap are capped at 1 ms (a preempted thread is not a
 /// property of the timer).
 pub(super) const NAP_SAMPLE_CAP_NS: u64 = 1_000_000;
@@ -107,10 +104,11 @@ pub(super) struct NapTiming {
     /// Sleeps without a timer since the lateness was last measured.
     unsampled: u32,
     /// When the thread started spinning without a measured nap since (0:
-    /// not yet, or a nap was measured since; [`SAMPLE_AGAIN`]: the last
-    /// measured nap came out far below the estimate, measure again at the
-    /// next spin).
+    /// not yet, or a nap was measured since).
     spin_since_ns: u64,
+    /// The last measured nap came out far below the estimate: measure
+    /// again at the next spin.
+    sample_next_spin: bool,
 }
 
 impl Default for NapTiming {
@@ -121,6 +119,7 @@ impl Default for NapTiming {
             cpu_ns: DEFAULT_NAP_CPU_NS,
             unsampled: 0,
             spin_since_ns: 0,
+            sample_next_spin: false,
         }
     }
 }
@@ -171,8 +170,8 @@ impl NapTiming {
         // by an eighth (its deviation by a quarter of the error); a thread
         // that spins measures again at its next spin rather than after
         // another stretch.
-        let estimate = self.late_ns(0);
-        self.spin_since_ns = if x < estimate / 2 { SAMPLE_AGAIN } else { 0 };
+        self.sample_next_spin = x < self.late_ns(0) / 2;
+        self.spin_since_ns = 0;
         if self.late_ns > 0 {
             // A nap that was preempted says little about the timer: one sample
             // moves the estimate by at most 3/8 of itself.
@@ -199,26 +198,21 @@ impl NapTiming {
     /// spun [`NAP_SAMPLE_SPIN_NS`] since the lateness was last measured (or
     /// since the last such answer); the first call starts the count.
     pub(super) fn spin_unsampled(&mut self, now_ns: u64) -> bool {
-        let now_ns = now_ns.clamp(1, SAMPLE_AGAIN - 1);
-        if self.spin_since_ns == SAMPLE_AGAIN {
+        let now_ns = now_ns.max(1);
+        let due = std::mem::take(&mut self.sample_next_spin)
+            || (self.spin_since_ns != 0
+                && now_ns.saturating_sub(self.spin_since_ns) >= NAP_SAMPLE_SPIN_NS);
+        if due || self.spin_since_ns == 0 {
             self.spin_since_ns = now_ns;
-            return true;
         }
-        if self.spin_since_ns == 0 {
-            self.spin_since_ns = now_ns;
-            return false;
-        }
-        if now_ns.saturating_sub(self.spin_since_ns) < NAP_SAMPLE_SPIN_NS {
-            return false;
-        }
-        self.spin_since_ns = now_ns;
-        true
+        due
     }
 
     /// Sets the lateness from a calibration (typical value and spread).
     pub(super) fn set_late(&mut self, typical_ns: u64, spread_ns: u64) {
         self.unsampled = 0;
         self.spin_since_ns = 0;
+        self.sample_next_spin = false;
         self.late_ns = typical_ns.clamp(1, NAP_SAMPLE_CAP_NS);
         self.late_dev = spread_ns.min(NAP_SAMPLE_CAP_NS);
     }

@@ -7,6 +7,13 @@ use crate::poll::trial::{
 
 const MS: u64 = 1_000_000;
 
+/// A pass at `now` after one that finished `n` requests, as the IOThread
+/// reports it.
+fn pass(p: &mut PollPolicy, now: u64, n: usize) {
+    p.observe_finished(n);
+    p.observe_pass(now, n);
+}
+
 /// Drives `p` with a pass every millisecond from `from` (exclusive) to
 /// `until` (inclusive); each pass finished `awake` requests, or `asleep` if
 /// the wait before it slept until its event. Returns the times of the passes
@@ -17,8 +24,7 @@ fn drive(p: &mut PollPolicy, from: u64, until: u64, awake: u64, asleep: u64) -> 
     while now < until {
         let sleeping = p.sleeping();
         now += MS;
-        p.observe_finished(if sleeping { asleep } else { awake } as usize);
-        p.observe_pass(now);
+        pass(p, now, if sleeping { asleep } else { awake } as usize);
         if p.sleeping() {
             slept.push(now);
         }
@@ -146,8 +152,7 @@ fn sleeping_must_keep_up_in_both_halves_of_the_trial() {
                 (true, true) => 95,
                 (true, false) => 100,
             };
-            p.observe_finished(n);
-            p.observe_pass(now);
+            pass(&mut p, now, n);
         }
         assert!(
             !p.sleeping(),
@@ -186,8 +191,7 @@ fn trial_starts(until: u64) -> Vec<u64> {
     let mut asleep_since = None;
     while now < until {
         now += MS;
-        p.observe_finished(10);
-        p.observe_pass(now);
+        pass(&mut p, now, 10);
         match (p.sleeping(), asleep_since) {
             (true, None) => asleep_since = Some(now),
             (false, Some(since)) => {
@@ -237,8 +241,7 @@ fn an_idle_spell_drops_the_trial() {
     // No pass for IDLE_NS: the next one drops the trial, without a verdict
     // (the policy's way), and starts another at the pass after.
     let now = t + IDLE_NS;
-    p.observe_finished(1);
-    p.observe_pass(now);
+    pass(&mut p, now, 1);
     assert!(!p.sleeping());
     drive(
         &mut p,
