@@ -392,6 +392,10 @@ impl IoThread {
             }
             std::hint::spin_loop();
         };
+        // The snapshots go now, not at the next slice: a thread that sleeps
+        // after this one holds no map (a removed region is unmapped when the
+        // last map holding it goes).
+        mems.clear();
         self.poll_mems = mems;
         found
     }

@@ -391,9 +391,13 @@ impl QueueSlot {
     }
 
     /// [`QueueSlot::has_avail`] on a snapshot of the memory map, or heads to
-    /// resubmit: whether a kick brought work. The snapshot is kept as the
-    /// pass's ([`QueueSlot::pass_mem`]): the pass that pops what the kick
-    /// announced uses it instead of loading the map again.
+    /// resubmit: whether a kick brought work. A snapshot that found work is
+    /// kept as the pass's ([`QueueSlot::pass_mem`]): the pass that pops what
+    /// the kick announced uses it instead of loading the map again. One that
+    /// found none is dropped: a stale kick comes while the thread sleeps,
+    /// which it goes on doing, and a map kept through the sleep would miss a
+    /// region the frontend added meanwhile (ADD_MEM_REG) for the requests
+    /// the next kick announces.
     /// A queue whose head is held back has none: a kick is looked at when
     /// the head is due.
     pub fn has_work(&mut self) -> bool {
@@ -405,7 +409,9 @@ impl QueueSlot {
         }
         let mem = self.take_pass_memory();
         let work = self.has_avail(&mem);
-        self.pass_mem = Some(mem);
+        if work {
+            self.pass_mem = Some(mem);
+        }
         work
     }
 

@@ -13,12 +13,14 @@ use virtio_bindings::bindings::virtio_ring::{
 };
 use virtio_queue::mock::MockSplitQueue;
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic, GuestMemoryMmap, GuestRegionMmap};
 
 use super::executor::{Executor, SlotId};
 use super::queue::{Popped, QueueSlot};
 use super::queues::{Queues, CALL_EVERY, POP_BUDGET};
-use super::{BlockDevice, GuestMem, InflightTracking, QueueAttach, QueueKey, QueueLog};
+use super::{
+    BlockDevice, GuestMem, GuestMemHandle, InflightTracking, QueueAttach, QueueKey, QueueLog,
+};
 use crate::block::{Disk, FileEngine};
 use crate::clock::monotonic_ns;
 use crate::dirty_log::{DirtyLog, LOG_PAGE};
@@ -79,6 +81,8 @@ struct Req {
 struct Rig {
     kind: Kind,
     mem: GuestMem,
+    /// The map the queue reads, as the connection holds it (to replace).
+    handle: GuestMemHandle,
     queues: Queues,
     exec: Executor,
     id: SlotId,
@@ -165,6 +169,7 @@ impl Rig {
         device.set_throttle(o.throttle.map(|l| Arc::new(SharedThrottle::new(l))));
         let stats = Arc::new(IoThreadStats::new("test".into()));
         let counters = stats.queue("t", 0);
+        let handle = GuestMemoryAtomic::new(mem.clone());
         let attach = QueueAttach {
             key: QueueKey {
                 export: 0,
@@ -173,7 +178,7 @@ impl Rig {
             queue,
             kick: File::open("/dev/null").unwrap(),
             call: Some(File::options().write(true).open("/dev/null").unwrap()),
-            mem: GuestMemoryAtomic::new(mem.clone()),
+            mem: handle.clone(),
             device: device.clone(),
             inflight,
             log: None,
@@ -190,6 +195,7 @@ impl Rig {
         Rig {
             kind,
             mem,
+            handle,
             queues,
             exec,
             id,
@@ -1889,6 +1895,72 @@ fn used_heads(r: &Rig) -> Vec<u16> {
             r.mem.read_obj::<u32>(GuestAddress(at)).unwrap() as u16
         })
         .collect()
+}
+
+/// A kick that finds no work keeps no memory map: a region the frontend
+/// adds while the thread sleeps (ADD_MEM_REG, answered once published) is
+/// in the map of the pass the next kick starts. A map kept from the stale
+/// kick lacked it, and a request into the new region failed as outside
+/// guest memory.
+#[test]
+fn a_kick_without_work_keeps_no_memory_map() {
+    for kind in ALL {
+        let mut r = Rig::new(kind);
+        // A stale edge: the request it announced was taken by polling.
+        assert!(!r.queues.get_mut(r.id).unwrap().has_work(), "{kind:?}");
+        let added = GuestRegionMmap::from_range(GuestAddress(MEM_SIZE), 0x1_0000, None).unwrap();
+        let mem = r.mem.insert_region(Arc::new(added)).unwrap();
+        r.handle.lock().unwrap().replace(mem.clone());
+        r.mem = mem;
+        let req = r.push(req_type::IN, 0, &[(MEM_SIZE, 512, true)]);
+        assert!(r.queues.get_mut(r.id).unwrap().has_work(), "{kind:?}");
+        pass(&mut r);
+        assert_eq!(r.status(&req), status::OK, "{kind:?}");
+    }
+}
+
+/// A thread that polled and then went to sleep holds no memory map: a map
+/// the frontend replaced meanwhile (REM_MEM_REG, SET_MEM_TABLE) is let go,
+/// and with it any region only the old map had.
+#[test]
+fn a_thread_asleep_after_polling_holds_no_memory_map() {
+    use super::{IoThreadHandle, IoThreadSetup};
+    use crate::poll::{PollMode, PollParams};
+
+    let mut r = Rig::new(Kind::Null);
+    let (attach, kick_fd) = r.take_attach();
+    // Classic polling whose window grows after every wait shorter than a
+    // second: after a few requests the thread polls, then sleeps.
+    let t = IoThreadHandle::spawn(
+        0,
+        IoThreadSetup {
+            poll_mode: PollMode::Classic,
+            poll_params: PollParams {
+                poll_max_ns: 1_000_000_000,
+                ..PollParams::default()
+            },
+            ..IoThreadSetup::default()
+        },
+    )
+    .unwrap();
+    t.send(super::Command::Attach(Box::new(attach)));
+    let mut k = 0u64;
+    while t.stats.poll_attempts.get() == 0 {
+        assert!(k < 1000, "the thread polls");
+        r.push(req_type::IN, k, &[(DATA, 512, true)]);
+        kick(&kick_fd);
+        k += 1;
+        wait_until("the request is served", || u64::from(r.used_idx()) == k);
+    }
+    // The window is microseconds by now: the slice ends, the thread sleeps.
+    std::thread::sleep(Duration::from_millis(100));
+    let old = vm_memory::GuestAddressSpace::memory(&r.handle).into_inner();
+    r.handle.lock().unwrap().replace(r.mem.clone());
+    assert_eq!(
+        Arc::strong_count(&old),
+        1,
+        "the sleeping thread still holds the replaced map"
+    );
 }
 
 /// A throttled queue holds its head back (popped: in flight, the ring not
