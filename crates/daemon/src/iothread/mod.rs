@@ -268,6 +268,15 @@ pub enum Command {
         /// transport answers the frontend only then).
         applied: SyncSender<()>,
     },
+    /// The connection replaced the memory map of queue `key`: the map the
+    /// thread loaded for the queue's next pass, if any, is dropped, so that
+    /// the pass loads the new one.
+    NewMemory {
+        /// Which queue.
+        key: QueueKey,
+        /// Told once done (the transport answers the frontend only then).
+        applied: SyncSender<()>,
+    },
     /// Replace the I/O limits of every queue of `device` served here (set
     /// with [`BlockDevice::set_throttle`] first, so that a queue attaching
     /// meanwhile takes the same). A request held back is looked at again at

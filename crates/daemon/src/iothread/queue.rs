@@ -275,6 +275,13 @@ impl QueueSlot {
         self.pass_mem.take().unwrap_or_else(|| self.memory())
     }
 
+    /// Drops the pass's snapshot of the memory map, if one was loaded: the
+    /// connection replaced the map ([`super::Command::NewMemory`]), and the
+    /// pass must pop with the new one.
+    pub fn forget_pass_memory(&mut self) {
+        self.pass_mem = None;
+    }
+
     /// The next avail index (GET_VRING_BASE).
     pub fn next_avail(&self) -> u16 {
         self.queue.next_avail()

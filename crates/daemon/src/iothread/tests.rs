@@ -1919,6 +1919,28 @@ fn a_kick_without_work_keeps_no_memory_map() {
     }
 }
 
+/// A map replaced after a kick was looked at (ADD_MEM_REG while the pass
+/// is under way) serves the requests popped after the thread took
+/// [`super::Command::NewMemory`]: the frontend, answered only then, may
+/// already use the new region.
+#[test]
+fn a_new_memory_map_serves_the_pass_under_way() {
+    for kind in ALL {
+        let mut r = Rig::new(kind);
+        let first = r.push(req_type::IN, 0, &[(DATA, 512, true)]);
+        assert!(r.queues.get_mut(r.id).unwrap().has_work(), "{kind:?}");
+        let added = GuestRegionMmap::from_range(GuestAddress(MEM_SIZE), 0x1_0000, None).unwrap();
+        let mem = r.mem.insert_region(Arc::new(added)).unwrap();
+        r.handle.lock().unwrap().replace(mem.clone());
+        r.queues.get_mut(r.id).unwrap().forget_pass_memory();
+        r.mem = mem;
+        let second = r.push(req_type::IN, 1, &[(MEM_SIZE, 512, true)]);
+        pass(&mut r);
+        assert_eq!(r.status(&first), status::OK, "{kind:?}");
+        assert_eq!(r.status(&second), status::OK, "{kind:?}");
+    }
+}
+
 /// A thread that polled and then went to sleep holds no memory map: a map
 /// the frontend replaced meanwhile (REM_MEM_REG, SET_MEM_TABLE) is let go,
 /// and with it any region only the old map had.

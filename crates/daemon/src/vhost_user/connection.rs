@@ -7,7 +7,7 @@
 
 use std::fs::File;
 use std::io;
-use std::sync::mpsc::sync_channel;
+use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -197,6 +197,43 @@ impl Connection {
         QueueKey {
             export: self.export.index,
             queue,
+        }
+    }
+
+    /// The rings an IOThread serves now.
+    fn started_rings(&self) -> Vec<u16> {
+        (0..self.vrings.len() as u16)
+            .filter(|&i| self.vrings[i as usize].started)
+            .collect()
+    }
+
+    /// Sends the IOThread of each ring in `indexes` the command `command`
+    /// makes for the ring's key and a sender, and waits until each has
+    /// answered through it (to `what`): a change the frontend is answered
+    /// about only once every thread applies it.
+    fn tell_rings(
+        &self,
+        indexes: &[u16],
+        what: &str,
+        command: impl Fn(QueueKey, SyncSender<()>) -> Command,
+    ) {
+        let (tx, rx) = sync_channel(indexes.len());
+        // Routed under the export's lock, held until every thread answers: a
+        // queue-move cannot take a ring away between the send and the answer.
+        let routes = self.export.map.lock();
+        for &index in indexes {
+            self.export.iothreads[routes.thread_of(index)]
+                .send(command(self.key(index), tx.clone()));
+        }
+        drop(tx);
+        for _ in indexes {
+            if rx.recv_timeout(DRAIN_TIMEOUT).is_err() {
+                warn!(
+                    "{}: an IOThread did not {what} in time",
+                    self.export.device.name
+                );
+                return;
+            }
         }
     }
 

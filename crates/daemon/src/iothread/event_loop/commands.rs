@@ -55,6 +55,12 @@ impl IoThread {
                     self.queues.set_log(key, log);
                     let _ = applied.send(());
                 }
+                Command::NewMemory { key, applied } => {
+                    if let Some(q) = self.queues.find(key).and_then(|id| self.queues.get_mut(id)) {
+                        q.forget_pass_memory();
+                    }
+                    let _ = applied.send(());
+                }
                 Command::SetThrottle { device, throttle } => {
                     for (_, q) in self.queues.iter_mut() {
                         if Arc::ptr_eq(&q.device, &device) {

@@ -17,7 +17,7 @@ use vm_memory::{
 
 use super::{invalid, Connection, MAX_MEM_SLOTS};
 use crate::fault::{self, MappingKind};
-use crate::iothread::GuestMem;
+use crate::iothread::{Command, GuestMem};
 use crate::vhost_user::handover::RegionState;
 use crate::vhost_user::memory::{
     check_disjoint, check_region, vmm_va_to_gpa, AddrMapping, RegionError,
@@ -168,10 +168,18 @@ impl Connection {
         })
     }
 
+    /// Replaces the map the IOThreads read, and waits until each thread
+    /// serving a ring of this connection has let go of the older map it may
+    /// have loaded for its next pass (a kick looked at, or a pass under
+    /// way): every request the frontend makes available once answered is
+    /// popped with the new map. Requests in flight keep the map they were
+    /// popped with alive until they are retired.
     pub(super) fn publish_memory(&mut self, mem: GuestMem) {
-        // Running IOThreads pick the new map up at their next pass; in-flight
-        // requests keep the old one alive through their own Arc.
         self.mem.lock().unwrap().replace(mem);
+        let indexes = self.started_rings();
+        self.tell_rings(&indexes, "take the new memory map", |key, applied| {
+            Command::NewMemory { key, applied }
+        });
     }
 }
 

@@ -4,7 +4,6 @@
 //! the rings; and the refusal of post-copy migration.
 
 use std::fs::File;
-use std::sync::mpsc::sync_channel;
 use std::sync::Arc;
 
 use log::{debug, warn};
@@ -12,7 +11,7 @@ use vhost::vhost_user::message::VhostUserLog;
 use vhost::vhost_user::{Error as VhostError, Result as VhostResult};
 use vm_memory::{GuestAddressSpace, GuestMemoryBackend};
 
-use super::{invalid, Connection, DRAIN_TIMEOUT, LOG_ALL};
+use super::{invalid, Connection, LOG_ALL};
 use crate::dirty_log::DirtyLog;
 use crate::iothread::{Command, QueueLog};
 use crate::vhost_user::handover::LogState;
@@ -71,34 +70,18 @@ impl Connection {
     /// without stopping the rings, and waits until they apply it: the frontend
     /// hears back only then, so no completion after its message goes unmarked.
     pub(super) fn push_log(&self) {
-        let indexes: Vec<u16> = (0..self.vrings.len() as u16)
-            .filter(|&i| self.vrings[i as usize].started)
-            .collect();
+        let indexes = self.started_rings();
         self.push_log_to(&indexes);
     }
 
     pub(super) fn push_log_to(&self, indexes: &[u16]) {
-        let (tx, rx) = sync_channel(indexes.len());
-        // Routed under the export's lock, held until every switch applies: a
-        // queue-move cannot take a ring away between the send and the switch.
-        let routes = self.export.map.lock();
-        for &index in indexes {
-            self.export.iothreads[routes.thread_of(index)].send(Command::SetLog {
-                key: self.key(index),
-                log: self.queue_log(index),
-                applied: tx.clone(),
-            });
-        }
-        drop(tx);
-        for _ in indexes {
-            if rx.recv_timeout(DRAIN_TIMEOUT).is_err() {
-                warn!(
-                    "{}: an IOThread did not switch dirty logging in time",
-                    self.export.device.name
-                );
-                return;
+        self.tell_rings(indexes, "switch dirty logging", |key, applied| {
+            Command::SetLog {
+                key,
+                log: self.queue_log(key.queue),
+                applied,
             }
-        }
+        });
     }
 
     /// Post-copy migration (the frontend wants page faults served) is not
