@@ -290,33 +290,19 @@ fn config_file_exports_share_the_pool() {
     assert_eq!(served(1), vec![("a".into(), 1), ("b".into(), 0)]);
 }
 
-/// `vqblk bench --server-pid --server-stats` reports the run's per-IOThread
-/// counters of a vqblk server: they add up to the client's I/O count.
-#[test]
-fn bench_reports_server_iothread_counters() {
-    let dir = scratch("cli-bench-stats");
+/// Runs `vqblk bench --output-format json` with `args` against the null
+/// server on `sock` (with its pid and stats file), stops the server, and
+/// returns the report, the client's read count and the requests the
+/// report's `server_iothreads` say the server served.
+fn bench_with_server_stats(name: &str, args: &[&str]) -> (serde_json::Value, u64, u64) {
+    let dir = scratch(name);
     let sock = dir.join("d.sock");
     let stats = dir.join("stats.json");
     let mut child = null_server(&sock, &stats);
     let out = vqblk()
-        .args([
-            "bench",
-            "--rw",
-            "randread",
-            "--bs",
-            "4k",
-            "--numjobs",
-            "2",
-            "--iodepth",
-            "4",
-        ])
-        .args([
-            "--size",
-            "1M",
-            "--output-format",
-            "json",
-            "--group_reporting",
-        ])
+        .args(["bench", "--rw", "randread", "--bs", "4k"])
+        .args(args)
+        .args(["--output-format", "json", "--group_reporting"])
         .arg(format!("--target=unix:{}", sock.display()))
         .arg(format!("--server-pid={}", child.id()))
         .arg("--server-stats")
@@ -333,18 +319,54 @@ fn bench_reports_server_iothread_counters() {
     );
     let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let ios = j["jobs"][0]["read"]["total_ios"].as_u64().unwrap();
-    assert_eq!(ios, 2 * 256, "two jobs x 1 MiB / 4 KiB");
-    let threads = j["vqblk"]["server_iothreads"]
+    let served = j["vqblk"]["server_iothreads"]
         .as_array()
-        .expect("server_iothreads");
-    assert_eq!(threads.len(), 2);
-    let served: u64 = threads
+        .expect("server_iothreads")
         .iter()
         .map(|t| t["requests"].as_u64().unwrap())
         .sum();
+    (j, ios, served)
+}
+
+/// `vqblk bench --server-pid --server-stats` reports the run's per-IOThread
+/// counters of a vqblk server: they add up to the client's I/O count.
+#[test]
+fn bench_reports_server_iothread_counters() {
+    let (j, ios, served) = bench_with_server_stats(
+        "cli-bench-stats",
+        &["--numjobs", "2", "--iodepth", "4", "--size", "1M"],
+    );
+    assert_eq!(ios, 2 * 256, "two jobs x 1 MiB / 4 KiB");
+    let threads = j["vqblk"]["server_iothreads"].as_array().unwrap();
+    assert_eq!(threads.len(), 2);
     assert_eq!(served, ios, "{threads:?}");
     assert!(
         threads.iter().all(|t| t["requests"].as_u64().unwrap() > 0),
         "both IOThreads served"
+    );
+}
+
+/// The server's counters cover the measured part of a run, as its CPU time
+/// does: not the `ramp_time` before it (a ramp as long as the run doubled
+/// them).
+#[test]
+fn bench_server_counters_leave_out_the_ramp() {
+    let (_, ios, served) = bench_with_server_stats(
+        "cli-bench-stats-ramp",
+        &[
+            "--iodepth",
+            "1",
+            "--time_based",
+            "--runtime",
+            "1s",
+            "--ramp_time",
+            "1s",
+        ],
+    );
+    assert!(ios > 1000, "the client measured {ios} reads");
+    let ratio = served as f64 / ios as f64;
+    assert!(
+        (0.7..1.3).contains(&ratio),
+        "the server counted {served} requests where the client measured {ios}"
     );
 }

@@ -278,6 +278,7 @@ pub fn plan_from_args(args: &BenchArgs) -> anyhow::Result<Plan> {
         jobs,
         output_format,
         server_pid: args.server_pid,
+        server_stats: args.server_stats.clone(),
         verify_pause_file: args.verify_pause_file.clone(),
         connect_timeout,
         progress: output_format == OutputFormat::Normal,
@@ -319,15 +320,12 @@ pub fn run_to(
         writeln!(out, "{text}")?;
         return Ok(0);
     }
-    let stats0 = server_stats(args);
     let report = runner::execute(&plan, between_verify_passes)?;
-    let stats1 = server_stats(args);
     let text = match plan.output_format {
         OutputFormat::Json => {
             let mut v = serde_json::to_value(output::to_json(&report))?;
-            if let (Some(a), Some(b)) = (stats0, stats1) {
-                v["vqblk"]["server_iothreads"] =
-                    serde_json::to_value(server_stats::iothread_delta(&a, &b))?;
+            if let Some(d) = &report.server_iothreads {
+                v["vqblk"]["server_iothreads"] = serde_json::to_value(d)?;
             }
             let mut t = serde_json::to_string_pretty(&v)?;
             t.push('\n');
@@ -362,9 +360,4 @@ pub fn exit_code(result: &anyhow::Result<i32>) -> i32 {
         Ok(c) => *c,
         Err(_) => 2,
     }
-}
-
-/// A snapshot of the server's own counters, with `--server-stats`.
-fn server_stats(args: &BenchArgs) -> Option<vqblk_daemon::stats::DaemonSnapshot> {
-    server_stats::snapshot(args.server_stats.as_ref()?, args.server_pid?)
 }

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::cpu::{CpuTimes, ThreadCpu};
 use crate::options::{JobSpec, WaitMode};
+use crate::server_stats::IoThreadDelta;
 use crate::stats::DirStats;
 use crate::verify::Mismatch;
 
@@ -116,6 +117,9 @@ pub struct Report {
     pub server_pid: Option<u32>,
     /// The server's CPU time per thread over the passes (with `--server-pid`).
     pub server_threads: Vec<ThreadCpu>,
+    /// A vqblk server's counters per IOThread over the passes (with
+    /// `--server-stats`; None if a snapshot could not be taken).
+    pub server_iothreads: Option<Vec<IoThreadDelta>>,
     /// Verification results, when verify was asked for.
     pub verify: Option<VerifySummary>,
     /// Targets used.
@@ -195,6 +199,7 @@ mod tests {
             server_cpu: None,
             server_pid: None,
             server_threads: Vec::new(),
+            server_iothreads: None,
             verify: None,
             targets: Vec::new(),
             group_reporting: false,

@@ -1,6 +1,7 @@
 //! A `vqblk serve`'s own counters over a run (`--server-stats`): the daemon is asked
-//! (SIGUSR1) to rewrite its `--stats-file` before and after the run, and the
-//! difference per IOThread goes into the JSON report as `vqblk.server_iothreads`.
+//! (SIGUSR1) to rewrite its `--stats-file` when the measured part of the run starts
+//! (after `ramp_time`, as the CPU times) and when it ends, and the difference per
+//! IOThread goes into the JSON report as `vqblk.server_iothreads`.
 //! The file is read with the daemon's own types ([`vqblk_daemon::stats`]).
 
 use std::path::Path;
@@ -93,6 +94,35 @@ impl IoThreadDelta {
     }
 }
 
+impl IoThreadDelta {
+    /// Adds `other`, the same thread's counters over a later part of the
+    /// run (the passes of a verify run); the window and the nap lateness
+    /// are `other`'s, the later ones.
+    pub fn absorb(&mut self, other: &IoThreadDelta) {
+        self.cpu_seconds += other.cpu_seconds;
+        self.requests += other.requests;
+        self.errors += other.errors;
+        self.kick_wakeups += other.kick_wakeups;
+        self.completion_wakeups += other.completion_wakeups;
+        self.notifications += other.notifications;
+        self.notifications_suppressed += other.notifications_suppressed;
+        self.popped += other.popped;
+        self.used_publishes += other.used_publishes;
+        self.used_batches += other.used_batches;
+        self.kicks += other.kicks;
+        self.passes += other.passes;
+        self.poll_attempts += other.poll_attempts;
+        self.poll_hits += other.poll_hits;
+        self.naps += other.naps;
+        self.poll_trials += other.poll_trials;
+        self.poll_trials_slept += other.poll_trials_slept;
+        self.poll_seconds += other.poll_seconds;
+        self.sleep_seconds += other.sleep_seconds;
+        self.poll_window_ns = other.poll_window_ns;
+        self.nap_late_ns = other.nap_late_ns;
+    }
+}
+
 /// Per-IOThread counters accumulated between two snapshots, for the threads of `b`
 /// (matched to `a` by name).
 pub fn iothread_delta(a: &DaemonSnapshot, b: &DaemonSnapshot) -> Vec<IoThreadDelta> {
@@ -169,6 +199,19 @@ mod tests {
             sleep_seconds: k as f64,
             queues: Vec::new(),
         }
+    }
+
+    #[test]
+    fn absorbing_adds_the_counters_and_keeps_the_later_window() {
+        let mut a = IoThreadDelta::between(None, &thread("vqblk-iot0", 1));
+        let b = IoThreadDelta::between(None, &thread("vqblk-iot0", 2));
+        a.absorb(&b);
+        assert_eq!(
+            (a.requests, a.passes, a.naps, a.poll_trials),
+            (300, 30, 15, 3)
+        );
+        assert_eq!((a.cpu_seconds, a.sleep_seconds), (1.5, 3.0));
+        assert_eq!(a.poll_window_ns, 2000);
     }
 
     #[test]

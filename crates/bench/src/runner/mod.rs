@@ -32,6 +32,9 @@ pub struct Plan {
     pub output_format: OutputFormat,
     /// Process whose CPU time is reported as the server's.
     pub server_pid: Option<u32>,
+    /// The stats file of that process, a `vqblk serve` (`--server-stats`):
+    /// its IOThreads' counters over the measured part of the run.
+    pub server_stats: Option<PathBuf>,
     /// With verify: created after the write pass; the read pass starts once it is removed.
     pub verify_pause_file: Option<PathBuf>,
     /// How long to wait for the vhost-user handshake.
@@ -86,7 +89,7 @@ pub fn execute(
     };
     let mut outcomes: Vec<CloneOutcome> =
         (0..clones.len()).map(|_| CloneOutcome::default()).collect();
-    let mut totals = Totals::new(plan.server_pid);
+    let mut totals = Totals::new(plan.server_pid, plan.server_stats.is_some());
     for (pi, &pass) in passes.iter().enumerate() {
         if pi > 0 {
             pause_between_passes(plan)?;
@@ -115,6 +118,7 @@ pub fn execute(
         server_cpu: totals.server_cpu,
         server_pid: plan.server_pid,
         server_threads: totals.server_threads,
+        server_iothreads: totals.server_iothreads,
         verify: verify.then_some(VerifySummary {
             seed: verify_seed,
             ..vsum

@@ -7,8 +7,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread::{Scope, ScopedJoinHandle, Thread};
 use std::time::{Duration, Instant};
 
+use vqblk_daemon::stats::DaemonSnapshot;
+
 use crate::cpu::{self, CpuTimes, ThreadCpu};
 use crate::engine::Engine;
+use crate::server_stats::{self, IoThreadDelta};
 
 use super::progress::Progress;
 use super::setup::JobClone;
@@ -26,6 +29,9 @@ pub(super) struct Totals {
     pub(super) server_cpu: Option<Result<CpuTimes, String>>,
     /// CPU time of each server thread.
     pub(super) server_threads: Vec<ThreadCpu>,
+    /// A vqblk server's counters per IOThread (with `--server-stats`; None
+    /// once a snapshot could not be taken).
+    pub(super) server_iothreads: Option<Vec<IoThreadDelta>>,
 }
 
 /// CPU time readings at one moment.
@@ -34,23 +40,36 @@ struct Sample {
     client: CpuTimes,
     server: Option<Result<CpuTimes, String>>,
     threads: Vec<ThreadCpu>,
+    /// A vqblk server's own counters, where the plan names its stats file.
+    stats: Option<DaemonSnapshot>,
 }
 
 impl Sample {
-    fn take(server_pid: Option<u32>) -> Self {
-        Self {
+    /// The CPU times of `plan`'s client and server, then, if `counters`
+    /// (the sample starts or ends the measured part), the server's counters
+    /// (a signal and a file rewrite later: milliseconds).
+    fn take(plan: &Plan, counters: bool) -> Self {
+        let server_pid = plan.server_pid;
+        let mut s = Self {
             client: cpu::process_times(),
             server: server_pid.map(cpu::server_times),
             threads: server_pid.map(cpu::server_thread_times).unwrap_or_default(),
+            stats: None,
+        };
+        if let (true, Some(path), Some(pid)) = (counters, &plan.server_stats, server_pid) {
+            s.stats = server_stats::snapshot(path, pid);
         }
+        s
     }
 }
 
 impl Totals {
-    /// Nothing measured yet; server figures only with a server pid.
-    pub(super) fn new(server_pid: Option<u32>) -> Self {
+    /// Nothing measured yet; server figures only with a server pid, its
+    /// IOThreads' counters only with `counters` (a stats file to read).
+    pub(super) fn new(server_pid: Option<u32>, counters: bool) -> Self {
         Self {
             server_cpu: server_pid.map(|_| Ok(CpuTimes::default())),
+            server_iothreads: (server_pid.is_some() && counters).then(Vec::new),
             ..Default::default()
         }
     }
@@ -69,6 +88,18 @@ impl Totals {
         }
         self.elapsed += wall;
         self.client_cpu = self.client_cpu + b.client.since(&a.client);
+        self.server_iothreads = match (self.server_iothreads.take(), &a.stats, &b.stats) {
+            (Some(mut acc), Some(a), Some(b)) => {
+                for d in server_stats::iothread_delta(a, b) {
+                    match acc.iter_mut().find(|t| t.name == d.name) {
+                        Some(t) => t.absorb(&d),
+                        None => acc.push(d),
+                    }
+                }
+                Some(acc)
+            }
+            _ => None,
+        };
         if let (Some(acc), Some(a), Some(b)) = (self.server_cpu.as_mut(), a.server, b.server) {
             match (a, b) {
                 (Ok(a), Ok(b)) => {
@@ -188,10 +219,10 @@ fn watch(
     ramp: Duration,
     mut progress: Option<&mut Progress>,
 ) -> (Sample, Sample, Duration) {
-    let pid = shared.plan.server_pid;
+    let plan = shared.plan;
     let t0 = Instant::now();
     let mut sampled = ramp.is_zero();
-    let mut before = Sample::take(pid);
+    let mut before = Sample::take(plan, sampled);
     while shared.finished.load(Ordering::Acquire) < shared.clones.len() {
         let wake = if sampled {
             Duration::from_millis(1000)
@@ -201,14 +232,14 @@ fn watch(
         std::thread::park_timeout(wake.max(Duration::from_millis(1)));
         if !sampled && t0.elapsed() >= ramp {
             sampled = true;
-            before = Sample::take(pid);
+            before = Sample::take(plan, true);
         }
         if let Some(p) = progress.as_deref_mut() {
             p.update(shared.counters, t0.elapsed());
         }
     }
     let wall = t0.elapsed().saturating_sub(ramp);
-    (before, Sample::take(pid), wall)
+    (before, Sample::take(plan, true), wall)
 }
 
 #[cfg(test)]
@@ -236,11 +267,12 @@ mod tests {
 
     #[test]
     fn totals_add_the_differences_of_each_pass() {
-        let mut t = Totals::new(Some(1));
+        let mut t = Totals::new(Some(1), false);
         let s = |c, srv, threads| Sample {
             client: cpu(c),
             server: Some(Ok(cpu(srv))),
             threads,
+            stats: None,
         };
         t.add(
             s(10, 100, vec![thread(1, 5)]),
@@ -260,7 +292,7 @@ mod tests {
 
     #[test]
     fn a_failed_server_reading_is_reported() {
-        let mut t = Totals::new(Some(1));
+        let mut t = Totals::new(Some(1), false);
         let bad = Sample {
             server: Some(Err("gone".into())),
             ..Default::default()
@@ -271,6 +303,6 @@ mod tests {
         };
         t.add(good, bad, Duration::ZERO);
         assert_eq!(t.server_cpu, Some(Err("gone".into())));
-        assert_eq!(Totals::new(None).server_cpu, None);
+        assert_eq!(Totals::new(None, false).server_cpu, None);
     }
 }

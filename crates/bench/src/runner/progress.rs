@@ -163,6 +163,7 @@ mod tests {
             jobs: vec![spec("2s"), spec("3s")],
             output_format: crate::options::OutputFormat::Normal,
             server_pid: None,
+            server_stats: None,
             verify_pause_file: None,
             connect_timeout: Duration::from_secs(1),
             progress: true,
