@@ -396,6 +396,11 @@ fn auto_column_is_swept_reported_and_compared() {
         let c = run.iothread_counters.as_ref().expect("IOThread counters");
         assert!(c.passes > 0, "{run:?}");
     }
+    // The servers' logs are kept beside the results, `auto`'s at info
+    // level (its controller's decisions).
+    let auto_log = std::fs::read_to_string(d.join("a.logs").join("auto.log")).unwrap();
+    assert!(auto_log.contains("level=INFO"), "{auto_log}");
+    assert!(d.join("a.logs").join("iothreads-1.log").exists());
     let md = vqblk_ok(d, &["report", res_s]);
     assert!(
         md.contains("auto against the best fixed IOThread count"),

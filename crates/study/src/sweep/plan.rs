@@ -386,7 +386,13 @@ impl Plan {
             control: (setup == Setup::Auto).then(|| self.control_socket()),
             stats_file: Some(self.stats_file(setup)),
             poll,
-            log_level: Some(log::LevelFilter::Warn),
+            // `auto`'s controller logs each decision at info: what its
+            // runs' figures alone cannot tell (moves during a warm-up).
+            log_level: Some(if setup == Setup::Auto {
+                log::LevelFilter::Info
+            } else {
+                log::LevelFilter::Warn
+            }),
             ..Default::default()
         };
         match &self.target {

@@ -478,6 +478,13 @@ impl<'a> Sweep<'a> {
     fn finish(mut self, results: &Path) -> i32 {
         self.stop_servers();
         self.progress.finish();
+        let logs = results.with_extension("logs");
+        if let Err(e) = keep_logs(&self.plan.work_dir, &logs) {
+            eprintln!(
+                "vqblk sweep: cannot keep the server logs in {}: {e}",
+                logs.display()
+            );
+        }
         let (failures, retried) = (self.failures, self.retried);
         if failures + retried == 0 {
             let _ = std::fs::remove_dir_all(&self.plan.work_dir);
@@ -495,6 +502,25 @@ impl<'a> Sweep<'a> {
         );
         i32::from(failures > 0)
     }
+}
+
+/// Appends each server's log in `work` to the file of the same name in
+/// `logs` (created; a resumed sweep's servers add to the logs of the
+/// first).
+fn keep_logs(work: &Path, logs: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(logs)?;
+    for entry in std::fs::read_dir(work)? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "log") {
+            let mut from = std::fs::File::open(&path)?;
+            let mut to = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(logs.join(path.file_name().unwrap_or_default()))?;
+            std::io::copy(&mut from, &mut to)?;
+        }
+    }
+    Ok(())
 }
 
 /// Appends the last lines of the server's log to a failure message.
