@@ -50,17 +50,18 @@ impl Sample {
     /// (a signal and a file rewrite later: milliseconds).
     fn take(plan: &Plan, counters: bool) -> Self {
         let server_pid = plan.server_pid;
-        let mut s = Self {
+        Self {
             client: cpu::process_times(),
             server: server_pid.map(cpu::server_times),
             threads: server_pid.map(cpu::server_thread_times).unwrap_or_default(),
-            stats: None,
-        };
-        if let (true, Some(path), Some(pid)) = (counters, &plan.server_stats, server_pid) {
-            s.stats = server_stats::snapshot(path, pid);
+            stats: counters.then(|| server_counters(plan)).flatten(),
         }
-        s
     }
+}
+
+/// A snapshot of the counters of `plan`'s server, if it names its stats file.
+fn server_counters(plan: &Plan) -> Option<DaemonSnapshot> {
+    server_stats::snapshot(plan.server_stats.as_ref()?, plan.server_pid?)
 }
 
 impl Totals {
@@ -142,8 +143,14 @@ pub(super) fn run_pass(
     };
     let out = std::thread::scope(|s| {
         let handles = spawn_clones(s, &shared, engines, (pass, verify_seed))?;
+        // Without a ramp the server's counters start before the I/O does:
+        // their snapshot takes milliseconds (a signal, a file rewrite).
+        let stats = ramp.is_zero().then(|| server_counters(plan)).flatten();
         gate.open(true);
-        let (a, b, wall) = watch(&shared, ramp, progress.as_mut());
+        let (mut a, b, wall) = watch(&shared, ramp, progress.as_mut());
+        if ramp.is_zero() {
+            a.stats = stats;
+        }
         totals.add(a, b, wall);
         Ok(handles
             .into_iter()
@@ -222,7 +229,9 @@ fn watch(
     let plan = shared.plan;
     let t0 = Instant::now();
     let mut sampled = ramp.is_zero();
-    let mut before = Sample::take(plan, sampled);
+    // Without a ramp, the counters at the start were taken before the gate
+    // opened ([`run_pass`]).
+    let mut before = Sample::take(plan, false);
     while shared.finished.load(Ordering::Acquire) < shared.clones.len() {
         let wake = if sampled {
             Duration::from_millis(1000)
