@@ -143,14 +143,7 @@ pub(super) fn run_pass(
     };
     let out = std::thread::scope(|s| {
         let handles = spawn_clones(s, &shared, engines, (pass, verify_seed))?;
-        // Without a ramp the server's counters start before the I/O does:
-        // their snapshot takes milliseconds (a signal, a file rewrite).
-        let stats = ramp.is_zero().then(|| server_counters(plan)).flatten();
-        gate.open(true);
-        let (mut a, b, wall) = watch(&shared, ramp, progress.as_mut());
-        if ramp.is_zero() {
-            a.stats = stats;
-        }
+        let (a, b, wall) = watch(&shared, ramp, progress.as_mut());
         totals.add(a, b, wall);
         Ok(handles
             .into_iter()
@@ -218,8 +211,9 @@ fn spawn_clones<'s, 'a: 's>(
     Ok(handles)
 }
 
-/// The main thread while the job threads run: samples CPU time once the ramp is over
-/// and again when every thread is done, and updates the progress line. Returns both
+/// The main thread while the job threads run: opens their gate, samples CPU time once
+/// the ramp is over and again when every thread is done, and updates the progress
+/// line. Returns both
 /// samples and the measured wall time.
 fn watch(
     shared: &Shared,
@@ -227,11 +221,13 @@ fn watch(
     mut progress: Option<&mut Progress>,
 ) -> (Sample, Sample, Duration) {
     let plan = shared.plan;
-    let t0 = Instant::now();
     let mut sampled = ramp.is_zero();
-    // Without a ramp, the counters at the start were taken before the gate
-    // opened ([`run_pass`]).
-    let mut before = Sample::take(plan, false);
+    // Without a ramp the measured part starts with the I/O: its sample is
+    // taken before the gate opens (the counters' snapshot takes
+    // milliseconds, a signal and a file rewrite).
+    let mut before = Sample::take(plan, sampled);
+    shared.gate.open(true);
+    let t0 = Instant::now();
     while shared.finished.load(Ordering::Acquire) < shared.clones.len() {
         let wake = if sampled {
             Duration::from_millis(1000)
