@@ -92,7 +92,7 @@
 //!    the current hit rate has fallen below 1/64 (3 misses when `p` was about 1, a
 //!    dozen at `p = 0.3`, where runs of misses are normal): the workload changed or
 //!    the device went idle, and the averages lag. The window then halves with every
-//!    further miss, down to 0 (windows below [`ADAPTIVE_MIN_POLL_NS`] are not worth
+//!    further miss, down to 0 (windows halved below [`ADAPTIVE_MIN_POLL_NS`] are not worth
 //!    a polling pass). The first hit, or an event that the full window would have
 //!    caught, restores the full window.
 //! 5. **Nap through the predictable part of the wait** (hybrid polling, as the
@@ -470,10 +470,16 @@ impl Adaptive {
             return 0;
         }
         let w = t.checked_shr(gate.backoff).unwrap_or(0);
-        if w < ADAPTIVE_MIN_POLL_NS {
-            0
-        } else {
+        if w >= ADAPTIVE_MIN_POLL_NS {
             w
+        } else if gate.backoff == 0 && t > 0 {
+            // Intervals shorter than the shortest window (a polling driver
+            // at QD1: a few hundred nanoseconds) are the ones polling
+            // catches best: the spin ends at the event, long before the
+            // window does.
+            ADAPTIVE_MIN_POLL_NS
+        } else {
+            0
         }
     }
 }

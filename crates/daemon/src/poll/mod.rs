@@ -69,8 +69,10 @@ pub const MAX_POLL_WEIGHT: u32 = 63;
 /// (QEMU's `POLL_IDLE_INTERVAL_NS`, 7 s).
 pub const POLL_IDLE_INTERVAL_NS: u64 = 7_000_000_000;
 
-/// Adaptive windows shorter than this are rounded down to 0: one pass over the
-/// sources plus the notification toggling costs about as much.
+/// Adaptive windows that a run of misses halved below this are rounded down
+/// to 0: one pass over the sources plus the notification toggling costs
+/// about as much. A target below it (intervals of a few hundred
+/// nanoseconds) is raised to it: its events end the spin long before.
 pub const ADAPTIVE_MIN_POLL_NS: u64 = 1_000;
 
 /// Shortest hybrid-polling nap ([`PollPolicy::nap_at`]).
