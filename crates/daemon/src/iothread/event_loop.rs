@@ -254,6 +254,20 @@ impl IoThread {
                 sources.push(DEVICE_SOURCE);
             }
             sources.extend(ready.iter().map(|s| s.0 + 1));
+            // Keep kicks off while we expect to poll next time (the window
+            // as the pass before left it: the policy learns this pass's
+            // wait once its guests are answered).
+            let rearm = self.window() == 0;
+            for slot in ready.drain(..) {
+                self.process_queue(slot, rearm, t_end);
+            }
+            ready.append(&mut self.carried);
+            self.complete_all(t_end);
+            // The guests are answered before the policy's bookkeeping
+            // (several hundred instructions a pass): a blocking driver at
+            // QD1 sleeps unless the call reaches it within a few hundred
+            // nanoseconds of its request.
+            self.answer();
             self.policy
                 .update(t_end.saturating_sub(t0), &sources, polled_hit);
             self.policy.observe_events_at(t_end, &sources);
@@ -263,14 +277,7 @@ impl IoThread {
                     self.stats.poll_trials_slept.add(1);
                 }
             }
-            // Keep kicks off while we expect to poll next time.
-            let rearm = self.window() == 0;
-            for slot in ready.drain(..) {
-                self.process_queue(slot, rearm, t_end);
-            }
-            ready.append(&mut self.carried);
-            self.complete_all(t_end);
-            self.finish_pass();
+            self.after_answer();
         }
         info!(
             "{} stopped: {} requests served",
@@ -606,9 +613,22 @@ impl IoThread {
     /// something, the memory maps no request holds any more let go (but the
     /// one in use), and detach replies for drained queues.
     fn finish_pass(&mut self) {
+        self.answer();
+        self.after_answer();
+    }
+
+    /// The first half of [`Self::finish_pass`]: one notification per queue
+    /// that completed something (the guests answered, in `answered`), and
+    /// the memory maps no request holds any more let go.
+    fn answer(&mut self) {
         self.answered.clear();
         self.queues.notify(&mut self.answered);
         self.executor.end_pass();
+    }
+
+    /// The second half of [`Self::finish_pass`]: the policy told whom the
+    /// pass answered, the timer re-armed, drained queues let go.
+    fn after_answer(&mut self) {
         // A guest just answered is the source to expect next (its next
         // request follows the completions it was handed), however long it
         // was quiet while the backend worked; and a wait for an answer is
