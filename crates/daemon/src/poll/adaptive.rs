@@ -100,7 +100,8 @@
 //!    beside its interval estimate.
 //! 6. **Try the other way now and then**: a thread that serves requests
 //!    compares, in short alternating windows, the requests it finishes a
-//!    second waiting as rules 1-5 say and sleeping until each event; where
+//!    second waiting as rules 1-5 say and sleeping (after a spin no longer
+//!    than a sleep costs the thread, no nap); where
 //!    sleeping is as fast (within the IOPS budget), it sleeps until the next
 //!    trial. See the `trial` module; [`PollPolicy`](super::PollPolicy)
 //!    holds the trials beside this state and overrides its window.
