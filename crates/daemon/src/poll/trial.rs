@@ -100,8 +100,13 @@ impl Trial {
     /// alike. Sleeping wins unless the pairs' mean falls behind by more than
     /// the budget plus the mean's standard error, the latter counted up to
     /// one more budget: a tie within the noise goes to the cheaper way, a
-    /// loss beyond twice the budget never does.
+    /// loss beyond twice the budget never does. A trial that ended before
+    /// its last window ended on a loss ([`Self::sleep_lost`]): the pairs it
+    /// left unfilled are no tie.
     fn sleep_won(&self, budget_pct: u64) -> bool {
+        if self.window < WINDOWS {
+            return false;
+        }
         let ratios = self.ratios();
         let n = PAIRS as f64;
         let mean = ratios.iter().sum::<f64>() / n;

@@ -205,6 +205,18 @@ fn a_trial_whose_sleeping_window_falls_far_behind_ends_there() {
     assert_eq!(slept.len() as u64, 4 * WINDOW_NS / MS);
 }
 
+#[test]
+fn a_trial_that_ended_early_is_lost_whatever_its_pairs_left_unfilled() {
+    // Asleep 12% behind: the first sleeping window ends the trial. Its one
+    // complete pair (0.88) and three empty ones must not average to a tie.
+    let mut p = polling();
+    let start = MS + FIRST_TRIAL_NS;
+    let slept = drive(&mut p, 0, start + HOLD_MIN_NS, 100, 88);
+    assert_eq!(slept.first(), Some(&(start + WINDOW_NS)));
+    assert_eq!(slept.last(), Some(&(start + 2 * WINDOW_NS - MS)));
+    assert!(!p.sleeping());
+}
+
 /// The times at which trials start over `until` of a steady load under
 /// which sleeping wins: each starts with an awake window after a stretch
 /// asleep longer than a trial's sleeping windows in a row (two).
