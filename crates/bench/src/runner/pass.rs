@@ -213,8 +213,7 @@ fn spawn_clones<'s, 'a: 's>(
 
 /// The main thread while the job threads run: opens their gate, samples CPU time once
 /// the ramp is over and again when every thread is done, and updates the progress
-/// line. Returns both
-/// samples and the measured wall time.
+/// line. Returns both samples and the measured wall time.
 fn watch(
     shared: &Shared,
     ramp: Duration,

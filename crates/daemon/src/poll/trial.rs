@@ -121,18 +121,14 @@ impl Trial {
     /// either).
     fn ratios(&self) -> [f64; PAIRS] {
         std::array::from_fn(|i| {
-            let [awake, asleep] = self.requests[i];
             let [t_awake, t_asleep] = self.elapsed[i];
-            let awake = awake as f64 * t_asleep as f64;
-            let asleep = asleep as f64 * t_awake as f64;
-            if awake == 0.0 {
-                if asleep == 0.0 {
-                    1.0
-                } else {
-                    2.0
+            match self.requests[i] {
+                [0, 0] => 1.0,
+                [0, _] => 2.0,
+                [awake, asleep] => {
+                    let rate = |n: u64, t: u64| n as f64 / t as f64;
+                    (rate(asleep, t_asleep) / rate(awake, t_awake)).min(2.0)
                 }
-            } else {
-                (asleep / awake).min(2.0)
             }
         })
     }
