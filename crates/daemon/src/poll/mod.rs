@@ -307,7 +307,7 @@ pub struct PollPolicy {
     /// How late a timed nap ends on this host and what it costs (measured by the
     /// IOThread; used by adaptive naps).
     nap: NapTiming,
-    /// Adaptive, rule 6: trials of sleeping after a short spin, and their
+    /// Adaptive, rule 6: trials of sleeping until each event, and their
     /// verdict (kept here, not in the algorithm's state: they override its
     /// window).
     trials: Trials,
@@ -423,7 +423,7 @@ impl PollPolicy {
     }
 
     /// The adaptive algorithm's state, if this policy naps: adaptive, with
-    /// `poll-max-ns` not 0, and not sleeping after a short spin (rule 6).
+    /// `poll-max-ns` not 0, and not sleeping until each event (rule 6).
     fn napping(&self) -> Option<&Adaptive> {
         match &self.algo {
             Algorithm::Adaptive(a) if self.params.poll_max_ns != 0 && !self.trials.sleeping() => {
@@ -462,11 +462,10 @@ impl PollPolicy {
     /// monotonic clock, > 0) and the requests the pass before finished (as
     /// handed to [`Self::observe_finished`]). Now and then
     /// a trial compares the requests finished a second while waiting as the
-    /// algorithm says and while sleeping after a spin no longer than a sleep
-    /// costs the thread ([`Self::nap_cpu_ns`]), in alternating windows;
-    /// where sleeping is as fast, within `latency_budget_pct` and the
-    /// trial's noise, the thread sleeps that way (no nap) until the next trial (see
-    /// `trial.rs`). Returns the verdict of a trial that ended with this
+    /// algorithm says and while sleeping until each event (as `--poll off`),
+    /// in alternating windows; where sleeping is as fast, within
+    /// `latency_budget_pct` and the trial's noise, the thread sleeps so until
+    /// the next trial (see `trial.rs`). Returns the verdict of a trial that ended with this
     /// pass (true: sleep), if it saw enough requests to give one. Other
     /// modes ignore the call, as does `poll-max-ns=0`.
     pub fn observe_pass(&mut self, now_ns: u64, finished: usize) -> Option<bool> {
@@ -482,9 +481,9 @@ impl PollPolicy {
         verdict
     }
 
-    /// Adaptive, rule 6: whether the thread sleeps after a short spin now (a
+    /// Adaptive, rule 6: whether the thread sleeps until each event now (a
     /// trial's sleeping window, or its verdict); false in other modes. The
-    /// thread reads it as a window of at most [`Self::nap_cpu_ns`] and no nap.
+    /// thread reads it as a window of 0 and no nap.
     #[cfg(test)]
     fn sleeping(&self) -> bool {
         matches!(self.algo, Algorithm::Adaptive(_)) && self.trials.sleeping()
@@ -702,10 +701,10 @@ impl PollPolicy {
             Algorithm::Adaptive(a) => {
                 let (params, knobs) = adaptive_knobs(&self.params, &self.adaptive, &self.nap);
                 let window = a.refresh(&params, &knobs);
-                // Rule 6: a trial's sleeping window, or its verdict, spins
-                // no longer than a sleep costs the thread (ski rental).
+                // Rule 6: a trial's sleeping window, or its verdict, does
+                // not spin.
                 if self.trials.sleeping() {
-                    window.min(self.nap.cpu_ns())
+                    0
                 } else {
                     window
                 }

@@ -12,37 +12,48 @@
 //! finishes per second, it can.
 //!
 //! So a thread that serves requests runs a trial: [`WINDOWS`] windows of
-//! [`WINDOW_NS`], in turn waiting as rules 1-5 say and *sleeping*: spinning
-//! after each event for no longer than a sleep costs the thread's CPU
-//! (`nap_cpu_ns`, or the policy's window if shorter), then sleeping until
-//! the next event (no nap). The windows go in the order ABBA BAAB, so that
-//! a steady drift of the load weighs on both sides alike, and each pair of
-//! adjacent windows compares the two ways under the same host. The short
-//! spin is the ski-rental rule: it never costs more than twice the CPU of
-//! the best choice for each gap, and it serves the gaps shorter than a
-//! sleep (a deep queue's completions a few microseconds apart) as a
-//! spinning thread would, so the sleeping side is a cheap way that rarely
-//! loses, where a thread that sleeps on every event loses the requests
-//! that such gaps hold up.
+//! [`WINDOW_NS`], in turn waiting as rules 1-5 say and *sleeping* until
+//! each event, as `--poll off` does (no spin, no nap). The windows go in
+//! the order ABBA BAAB, so that a steady drift of the load weighs on both
+//! sides alike, and each pair of adjacent windows compares the two ways
+//! under the same host. A window is long because the host takes its time
+//! to settle after a thread changes its way of waiting: where the guest's
+//! vCPU and the IOThread share CPUs, the host's scheduler places the two
+//! threads anew once one of them stops spinning, and in the meantime the
+//! sleeping way serves a half to three quarters of what it serves once
+//! settled. Measured on this project's VM (null backend with 50 us of
+//! latency, QD16, threads not pinned; `--poll off` 1.15x the adaptive
+//! mode's IOPS at half its CPU): the first 20 ms asleep ran at 0.74-0.76x
+//! the polling rate, the first 50 ms at 0.54-0.75x, whole windows of
+//! 200 ms at 1.03-1.17x. Windows of 20 ms judged sleeping by its
+//! transient and never slept there.
 //!
 //! If the sleeping windows finished requests at a rate within the IOPS
 //! budget (`latency_budget_pct`, 2%) of the others, give or take the
 //! trial's noise (`Trial::sleep_won`), and again in a second trial right
 //! after where the thread polled until then, sleeping is as fast and
 //! cheaper: the thread sleeps until the next trial. Otherwise it waits as
-//! rules 1-5 say; a trial whose sleeping windows fall clearly behind ends
-//! early (`Trial::sleep_lost`). A verdict is held [`HOLD_MIN_NS`] after it
-//! changes, twice as long each time a trial confirms it, up to
-//! [`HOLD_MAX_NS`]: where polling pays, the trials sleep 2-8% of the time
-//! at first (20-80 ms of sleeping windows in a second), 0.25-1% once the
-//! verdict holds 8 s. A trial that sees too few requests to tell
-//! ([`MIN_REQUESTS`]) keeps the verdict; one interrupted by an idle spell
-//! ([`IDLE_NS`] without a pass) is dropped.
+//! rules 1-5 say. A trial whose sleeping windows fall clearly behind ends
+//! early: a sleeping window still below half the awake rate
+//! [`GLANCE_NS`] into it (`Trial::sleep_routed`; a polling driver at QD1
+//! serves a tenth to a fifth of its requests with a thread that sleeps),
+//! or one that ends more than five budgets behind (`Trial::sleep_lost`).
+//! A verdict is held [`HOLD_MIN_NS`] after it changes, twice as long each
+//! time a trial confirms it, up to [`HOLD_MAX_NS`]. A trial that sees too
+//! few requests to tell ([`MIN_REQUESTS`]) keeps the verdict; one
+//! interrupted by an idle spell ([`IDLE_NS`] without a pass) is dropped.
 
 use std::cmp::Ordering;
 
-/// Length of one window of a trial.
-pub(super) const WINDOW_NS: u64 = 20_000_000;
+/// Length of one window of a trial: long enough for the host to settle
+/// after the thread changes its way of waiting (see the module's doc).
+pub(super) const WINDOW_NS: u64 = 200_000_000;
+/// How far into a sleeping window a rout is judged ([`Trial::sleep_routed`]).
+pub(super) const GLANCE_NS: u64 = 20_000_000;
+/// A sleeping window [`GLANCE_NS`] in and this many percent behind the
+/// awake rate is routed: further behind than the host's transient ever
+/// put a way that wins once settled (0.54x, see the module's doc).
+const ROUT_PCT: u64 = 50;
 /// Windows per trial, half of them asleep.
 pub(super) const WINDOWS: usize = 8;
 /// Which windows of a trial sleep (ABBA BAAB).
@@ -58,7 +69,7 @@ pub(super) const HOLD_MAX_NS: u64 = 8_000_000_000;
 pub(super) const MIN_REQUESTS: u64 = 256;
 /// A pass this long after the previous one ends a trial without a verdict:
 /// the thread slept through an idle spell, and its window measured that.
-pub(super) const IDLE_NS: u64 = 2 * WINDOW_NS;
+pub(super) const IDLE_NS: u64 = 40_000_000;
 
 /// Pairs of adjacent windows in a trial, one awake and one asleep each.
 const PAIRS: usize = WINDOWS / 2;
@@ -80,9 +91,8 @@ impl Trial {
     /// Whether the sleeping windows so far finished fewer requests a second
     /// than the others by more than five times the budget (10% by default),
     /// over at least [`MIN_REQUESTS`] / 2 requests awake: the trial ends
-    /// there, without the windows left. Where polling pays that much (a
-    /// polling driver at QD1: sleeping serves a quarter of the requests),
-    /// a trial then costs one sleeping window instead of four.
+    /// there, without the windows left: a trial where polling pays 10% or
+    /// more costs one sleeping window instead of four.
     fn sleep_lost(&self, budget_pct: u64) -> bool {
         let sum = |v: &[[u64; 2]; PAIRS]| {
             v.iter()
@@ -93,6 +103,23 @@ impl Trial {
             && asleep_vs_awake(requests, elapsed, budget_pct.saturating_mul(5)) == Ordering::Less
     }
 
+    /// Whether the sleeping window of `pair`, `spent` ns and at least
+    /// [`GLANCE_NS`] into it, finished fewer than half the requests a second
+    /// of the trial's awake windows so far (over at least [`MIN_REQUESTS`] /
+    /// 2 of them): the trial ends there. Where polling pays that much, a
+    /// trial costs a glance asleep instead of a window.
+    fn sleep_routed(&self, pair: usize, spent: u64) -> bool {
+        let (mut awake, mut awake_ns) = (0, 0);
+        for (r, e) in self.requests.iter().zip(&self.elapsed) {
+            awake += r[0];
+            awake_ns += e[0];
+        }
+        spent >= GLANCE_NS
+            && awake >= MIN_REQUESTS / 2
+            && asleep_vs_awake([awake, self.requests[pair][1]], [awake_ns, spent], ROUT_PCT)
+                == Ordering::Less
+    }
+
     /// Whether sleeping was as fast, within `budget_pct` and the trial's own
     /// noise. Each pair of adjacent windows gives the sleeping window's rate
     /// over the other's: a host whose speed changes (this VM's varies
@@ -101,8 +128,8 @@ impl Trial {
     /// the budget plus the mean's standard error, the latter counted up to
     /// one more budget: a tie within the noise goes to the cheaper way, a
     /// loss beyond twice the budget never does. A trial that ended before
-    /// its last window ended on a loss ([`Self::sleep_lost`]): the pairs it
-    /// left unfilled are no tie.
+    /// its last window ended on a loss ([`Self::sleep_lost`],
+    /// [`Self::sleep_routed`]): the pairs it left unfilled are no tie.
     fn sleep_won(&self, budget_pct: u64) -> bool {
         if self.window < WINDOWS {
             return false;
@@ -195,15 +222,18 @@ impl Trials {
                 let pair = t.window / 2;
                 t.requests[pair][side] += finished;
                 let spent = now_ns.saturating_sub(t.window_start);
-                if spent >= WINDOW_NS {
+                let ended = if spent >= WINDOW_NS {
                     t.elapsed[pair][side] += spent;
                     t.window += 1;
                     t.window_start = now_ns;
-                    if t.window == WINDOWS || (side == 1 && t.sleep_lost(budget_pct)) {
-                        let t = *t;
-                        self.trial = None;
-                        verdict = self.conclude(&t, now_ns, budget_pct);
-                    }
+                    t.window == WINDOWS || (side == 1 && t.sleep_lost(budget_pct))
+                } else {
+                    side == 1 && t.sleep_routed(pair, spent)
+                };
+                if ended {
+                    let t = *t;
+                    self.trial = None;
+                    verdict = self.conclude(&t, now_ns, budget_pct);
                 }
             }
             None if now_ns >= self.next_at => {
