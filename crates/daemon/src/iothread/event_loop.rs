@@ -271,7 +271,10 @@ impl IoThread {
             self.policy
                 .update(t_end.saturating_sub(t0), &sources, polled_hit);
             self.policy.observe_events_at(t_end, &sources);
-            if let Some(slept) = self.policy.observe_pass(t_end, finished_last) {
+            // A queue held back by its limits (the timer is armed, or was
+            // moved or fired this pass): its rate is the limit's.
+            let limited = self.timer_at != 0 || self.timer_dirty;
+            if let Some(slept) = self.policy.observe_pass(t_end, finished_last, limited) {
                 self.stats.poll_trials.add(1);
                 if slept {
                     self.stats.poll_trials_slept.add(1);

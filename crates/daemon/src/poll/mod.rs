@@ -465,16 +465,21 @@ impl PollPolicy {
     /// algorithm says and while sleeping until each event (as `--poll off`),
     /// in alternating windows; where sleeping is as fast, within
     /// `latency_budget_pct` and the trial's noise, the thread sleeps so until
-    /// the next trial (see `trial.rs`). Returns the verdict of a trial that ended with this
+    /// the next trial (see `trial.rs`). `limited`: a queue of the thread is
+    /// held back by its I/O limits (no trial then, and no verdict to sleep).
+    /// Returns the verdict of a trial that ended with this
     /// pass (true: sleep), if it saw enough requests to give one. Other
     /// modes ignore the call, as does `poll-max-ns=0`.
-    pub fn observe_pass(&mut self, now_ns: u64, finished: usize) -> Option<bool> {
+    pub fn observe_pass(&mut self, now_ns: u64, finished: usize, limited: bool) -> Option<bool> {
         if self.params.poll_max_ns == 0 || !matches!(self.algo, Algorithm::Adaptive(_)) {
             return None;
         }
-        let (changed, verdict) =
-            self.trials
-                .observe(now_ns, finished as u64, self.adaptive.latency_budget_pct);
+        let (changed, verdict) = self.trials.observe(
+            now_ns,
+            finished as u64,
+            self.adaptive.latency_budget_pct,
+            limited,
+        );
         if changed {
             self.refresh_window();
         }

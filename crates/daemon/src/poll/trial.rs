@@ -208,14 +208,16 @@ impl Trials {
     }
 
     /// A pass at `now_ns` (> 0) found `finished` requests finished by the
-    /// pass before. Returns whether [`Self::sleeping`] changed, and the
-    /// verdict of a trial that ended with one (true: sleep). The first
-    /// trial starts [`FIRST_TRIAL_NS`] after the first call.
+    /// pass before; `limited`: a queue of the thread is held back by its I/O
+    /// limits. Returns whether [`Self::sleeping`] changed, and the verdict
+    /// of a trial that ended with one (true: sleep). The first trial starts
+    /// [`FIRST_TRIAL_NS`] after the first call.
     pub(super) fn observe(
         &mut self,
         now_ns: u64,
         finished: u64,
         budget_pct: u64,
+        limited: bool,
     ) -> (bool, Option<bool>) {
         let before = self.sleeping();
         let mut verdict = None;
@@ -223,6 +225,10 @@ impl Trials {
         self.last_at = now_ns;
         if self.next_at == 0 {
             self.next_at = now_ns.saturating_add(FIRST_TRIAL_NS);
+        }
+        if limited {
+            self.drop_verdict(now_ns);
+            return (self.sleeping() != before, None);
         }
         match &mut self.trial {
             Some(_) if idle => {
@@ -264,6 +270,25 @@ impl Trials {
             None => {}
         }
         (self.sleeping() != before, verdict)
+    }
+
+    /// A limit holds a queue back: the requests finished a second are the
+    /// limit's, whichever way the thread waits, so a trial cannot tell the
+    /// two ways apart (it would find them level, and sleep). Worse, a thread
+    /// that sleeps because its rate was capped cannot serve a raised cap:
+    /// the share allocator raises caps towards what the device does and
+    /// reads a shortfall as the export wanting no more (docs/qos.md). So the
+    /// trial under way ends without a verdict, a verdict to sleep is
+    /// dropped (the thread waits as rules 1-5 say, which sleep on the
+    /// throttle timer while every queue is held), and no trial starts
+    /// before [`HOLD_MIN_NS`] after the last pass that saw a queue held (a
+    /// cap that lets go moves on for a while: the share allocator's).
+    fn drop_verdict(&mut self, now_ns: u64) {
+        self.trial = None;
+        self.sleep = false;
+        self.confirming = false;
+        self.hold_ns = 0;
+        self.next_at = now_ns.saturating_add(HOLD_MIN_NS);
     }
 
     /// The verdict of a finished trial, if it saw enough requests to give one.

@@ -11,7 +11,7 @@ const MS: u64 = 1_000_000;
 /// reports it.
 fn pass(p: &mut PollPolicy, now: u64, n: usize) {
     p.observe_finished(n);
-    p.observe_pass(now, n);
+    p.observe_pass(now, n, false);
 }
 
 /// Drives `p` with a pass every millisecond from `from` (exclusive) to
@@ -358,6 +358,44 @@ fn an_idle_spell_drops_the_trial() {
         10,
     );
     assert!(p.sleeping(), "the next trials' verdict");
+}
+
+/// A queue held back by its limits: the rate is the limit's, whichever way
+/// the thread waits. A verdict to sleep is dropped at the first pass that
+/// sees it, the trial under way with it, and no trial runs while it lasts;
+/// once the limits let go, the next trial comes [`HOLD_MIN_NS`] after the
+/// last pass that saw a queue held.
+#[test]
+fn a_limit_that_holds_a_queue_drops_the_trial_and_the_verdict() {
+    let mut p = polling();
+    let window = p.poll_ns();
+    drive(&mut p, 0, CONFIRMED, 10, 10);
+    assert!(p.sleeping(), "sleeping as fast, confirmed");
+    // Held back: the policy's way at once.
+    p.observe_finished(10);
+    assert_eq!(p.observe_pass(CONFIRMED + MS, 10, true), None);
+    assert!(!p.sleeping());
+    assert_eq!(p.poll_ns(), window);
+    // Still held when the verdict's hold would have ended: no trial, no
+    // sleeping window.
+    let mut now = CONFIRMED + MS;
+    while now < CONFIRMED + 3 * HOLD_MIN_NS {
+        now += MS;
+        p.observe_finished(10);
+        assert_eq!(p.observe_pass(now, 10, true), None);
+        assert!(!p.sleeping(), "{now}");
+    }
+    // Let go: a trial starts a hold after the last drop, and sleeps in its
+    // second window.
+    let until = now + HOLD_MIN_NS + WINDOW_NS + WINDOW_NS / 2;
+    let slept = drive(&mut p, now, until, 10, 10);
+    assert!(!slept.is_empty(), "a trial after the limits let go");
+    assert!(slept[0] > now + HOLD_MIN_NS, "{} {now}", slept[0]);
+    // A trial under way ends at the first limited pass.
+    assert!(p.sleeping());
+    p.observe_finished(10);
+    p.observe_pass(until + MS, 10, true);
+    assert!(!p.sleeping());
 }
 
 #[test]
