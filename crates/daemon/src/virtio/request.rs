@@ -280,6 +280,11 @@ pub fn parse_descriptors<M: SmallAccess + ?Sized>(
 ) -> Result<Request, Rejected> {
     let mut readable = Segments::new();
     let mut writable = Segments::new();
+    // The last writable segment so far, held back from `writable`: the
+    // chain's last one holds the status byte. The lengths are summed on the
+    // way (each list access checks whether the list is inline).
+    let mut last_writable: Option<Segment> = None;
+    let (mut readable_len, mut in_len) = (0u64, 0u64);
     let mut bad_order = false;
     let mut wraps = None;
     for desc in descriptors {
@@ -297,18 +302,21 @@ pub fn parse_descriptors<M: SmallAccess + ?Sized>(
             len: desc.len(),
         };
         if desc.is_write_only() {
-            writable.push(seg);
+            if let Some(before) = last_writable.replace(seg) {
+                in_len += before.len as u64;
+                writable.push(before);
+            }
         } else {
-            if !writable.is_empty() {
+            if last_writable.is_some() {
                 bad_order = true;
             }
+            readable_len += seg.len as u64;
             readable.push(seg);
         }
     }
     // The last writable byte; a descriptor whose end wraps past 2^64 has none
     // (its wrapped address would be some unrelated low guest address).
-    let status = writable
-        .last()
+    let status = last_writable
         .and_then(|s| s.addr.0.checked_add(s.len as u64 - 1))
         .map(GuestAddress);
     let reject = |error| Rejected {
@@ -326,13 +334,13 @@ pub fn parse_descriptors<M: SmallAccess + ?Sized>(
         return Err(reject(RequestError::AddressWrap(addr)));
     }
     // The status byte is the last writable byte; the rest is data.
-    if let Some(last) = writable.last_mut() {
-        last.len -= 1;
-        if last.len == 0 {
-            writable.pop();
-        }
+    if let Some(last) = last_writable.filter(|s| s.len > 1) {
+        in_len += last.len as u64 - 1;
+        writable.push(Segment {
+            addr: last.addr,
+            len: last.len - 1,
+        });
     }
-    let readable_len: u64 = readable.iter().map(|s| s.len as u64).sum();
     if readable_len < HEADER_LEN as u64 {
         return Err(reject(RequestError::ShortHeader(readable_len as usize)));
     }
@@ -359,7 +367,6 @@ pub fn parse_descriptors<M: SmallAccess + ?Sized>(
     // (the common request) does not pay for building it (an allocation).
     let out_data = || skip_front(&readable, HEADER_LEN as u64);
     let out_len = readable_len - HEADER_LEN as u64;
-    let in_len: u64 = writable.iter().map(|s| s.len as u64).sum();
 
     let check_rw = |data: &[Segment], len: u64| -> Result<(), RequestError> {
         if len == 0 || !len.is_multiple_of(SECTOR_SIZE) {
