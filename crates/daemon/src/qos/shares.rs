@@ -60,11 +60,12 @@
 //!    either way) in the next interval, it is marked self-limited (its
 //!    demand becomes what it does plus headroom) and the cut is undone. One
 //!    that slowed down slowed with the device (a host's speed changes from
-//!    one tick to the next) or to a new cap below what it did: no mark. The mark is dropped when
-//!    its cap holds it back or a later cut speeds it up (it wants more than
-//!    it was given). Whether the device keeps up (step 2) is judged against
-//!    the estimate less the headroom the self-limited exports leave unused,
-//!    so that headroom goes to the others: the split stays work-conserving.
+//!    one tick to the next) or to a new cap below what it did: no mark. The
+//!    mark is dropped when its cap holds it back or a later cut speeds it up
+//!    (it wants more than it was given). Whether the device keeps up (step
+//!    2) is judged against the estimate less the headroom the self-limited
+//!    exports leave unused, so that headroom goes to the others: the split
+//!    stays work-conserving.
 //! 4. **Split** (water-filling): each export gets its reservation (its
 //!    demand, if less); what `C` leaves is split by weight among the exports
 //!    that want more, and the share an export does not want goes to the
@@ -287,7 +288,7 @@ impl ShareAllocator {
                 let done = i.seen.done;
                 let kept_pace = done <= SPED_UP * at && done * SPED_UP >= at;
                 if !i.seen.held && kept_pace {
-                    s.limited_at = Some(i.seen.done);
+                    s.limited_at = Some(done);
                     stuck = true;
                 } else {
                     s.limited_at = None;
@@ -652,6 +653,25 @@ mod tests {
         }
     }
 
+    /// One tick of a heavy export (weight 3) and a light one (weight 1),
+    /// each seen as (done, held); an export that did something was busy.
+    fn heavy_and_light(
+        a: &mut ShareAllocator,
+        heavy: (f64, bool),
+        light: (f64, bool),
+    ) -> Vec<Option<f64>> {
+        a.tick(&[
+            input(1, weight(3), heavy.0, heavy.0 > 0.0, heavy.1),
+            input(2, weight(1), light.0, light.0 > 0.0, light.1),
+        ])
+    }
+
+    /// The caps split 3:1.
+    fn assert_three_to_one(caps: &[Option<f64>]) {
+        let ratio = caps[0].unwrap() / caps[1].unwrap();
+        assert!((ratio - 3.0).abs() < 0.01, "caps {caps:?}: {ratio:.2}:1");
+    }
+
     fn weight(w: u32) -> Share {
         Share {
             weight: w,
@@ -855,20 +875,13 @@ mod tests {
     #[test]
     fn a_flood_that_slows_down_with_the_device_is_not_self_limited() {
         let mut a = ShareAllocator::new();
-        let mut tick = |heavy: (f64, bool), light: (f64, bool)| {
-            a.tick(&[
-                input(1, weight(3), heavy.0, true, heavy.1),
-                input(2, weight(1), light.0, true, light.1),
-            ])
-        };
         for _ in 0..5 {
-            tick((428_349.0, true), (142_746.0, true));
+            heavy_and_light(&mut a, (428_349.0, true), (142_746.0, true));
         }
-        tick((305_795.0, true), (142_915.0, true));
-        tick((342_497.0, false), (142_761.0, true));
-        let caps = tick((273_763.0, false), (121_300.0, true));
-        let ratio = caps[0].unwrap() / caps[1].unwrap();
-        assert!((ratio - 3.0).abs() < 0.01, "caps {caps:?}: {ratio:.2}:1");
+        heavy_and_light(&mut a, (305_795.0, true), (142_915.0, true));
+        heavy_and_light(&mut a, (342_497.0, false), (142_761.0, true));
+        let caps = heavy_and_light(&mut a, (273_763.0, false), (121_300.0, true));
+        assert_three_to_one(&caps);
     }
 
     /// A short export that the cut capped below what it did slows down to
@@ -879,21 +892,14 @@ mod tests {
     #[test]
     fn a_flood_at_its_lowered_cap_is_not_self_limited() {
         let mut a = ShareAllocator::new();
-        let mut tick = |heavy: (f64, bool), light: (f64, bool)| {
-            a.tick(&[
-                input(1, weight(3), heavy.0, true, heavy.1),
-                input(2, weight(1), light.0, light.0 > 0.0, light.1),
-            ])
-        };
         for _ in 0..5 {
-            tick((620_616.0, false), (0.0, false));
+            heavy_and_light(&mut a, (620_616.0, false), (0.0, false));
         }
-        tick((620_616.0, false), (9.0, true));
-        let cut = tick((381_130.0, false), (17_525.0, true));
+        heavy_and_light(&mut a, (620_616.0, false), (9.0, true));
+        let cut = heavy_and_light(&mut a, (381_130.0, false), (17_525.0, true));
         assert!(cut[0].unwrap() < 381_130.0 * SPED_UP, "{cut:?}");
-        let caps = tick((291_328.0, false), (99_756.0, true));
-        let ratio = caps[0].unwrap() / caps[1].unwrap();
-        assert!((ratio - 3.0).abs() < 0.01, "caps {caps:?}: {ratio:.2}:1");
+        let caps = heavy_and_light(&mut a, (291_328.0, false), (99_756.0, true));
+        assert_three_to_one(&caps);
     }
 
     /// A cap is a rate: over a second of requests asked as soon as allowed,

@@ -10,8 +10,14 @@ const MS: u64 = 1_000_000;
 /// A pass at `now` after one that finished `n` requests, as the IOThread
 /// reports it.
 fn pass(p: &mut PollPolicy, now: u64, n: usize) {
+    pass_held(p, now, n, false);
+}
+
+/// [`pass`], with a queue held back by its limits or not; the verdict of a
+/// trial that ended with it.
+fn pass_held(p: &mut PollPolicy, now: u64, n: usize, held: bool) -> Option<bool> {
     p.observe_finished(n);
-    p.observe_pass(now, n, false);
+    p.observe_pass(now, n, held)
 }
 
 /// Drives `p` with a pass every millisecond from `from` (exclusive) to
@@ -372,8 +378,7 @@ fn a_limit_that_holds_a_queue_drops_the_trial_and_the_verdict() {
     drive(&mut p, 0, CONFIRMED, 10, 10);
     assert!(p.sleeping(), "sleeping as fast, confirmed");
     // Held back: the policy's way at once.
-    p.observe_finished(10);
-    assert_eq!(p.observe_pass(CONFIRMED + MS, 10, true), None);
+    assert_eq!(pass_held(&mut p, CONFIRMED + MS, 10, true), None);
     assert!(!p.sleeping());
     assert_eq!(p.poll_ns(), window);
     // Still held when the verdict's hold would have ended: no trial, no
@@ -381,8 +386,7 @@ fn a_limit_that_holds_a_queue_drops_the_trial_and_the_verdict() {
     let mut now = CONFIRMED + MS;
     while now < CONFIRMED + 3 * HOLD_MIN_NS {
         now += MS;
-        p.observe_finished(10);
-        assert_eq!(p.observe_pass(now, 10, true), None);
+        assert_eq!(pass_held(&mut p, now, 10, true), None);
         assert!(!p.sleeping(), "{now}");
     }
     // Let go: a trial starts a hold after the last drop, and sleeps in its
@@ -393,8 +397,7 @@ fn a_limit_that_holds_a_queue_drops_the_trial_and_the_verdict() {
     assert!(slept[0] > now + HOLD_MIN_NS, "{} {now}", slept[0]);
     // A trial under way ends at the first limited pass.
     assert!(p.sleeping());
-    p.observe_finished(10);
-    p.observe_pass(until + MS, 10, true);
+    pass_held(&mut p, until + MS, 10, true);
     assert!(!p.sleeping());
 }
 
