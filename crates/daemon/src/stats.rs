@@ -136,7 +136,14 @@ impl LatencyHistogram {
     /// least `ns` (Prometheus `le`), or the last (+Inf).
     #[inline]
     pub fn bucket(ns: u64) -> usize {
-        LATENCY_BOUNDS_NS.partition_point(|&b| b < ns)
+        // A scan from the bottom, not a binary search: a device's latencies
+        // cluster, so the scan's branches are predicted and the count's
+        // address waits on no chain of compares and selects (the search's
+        // took about a twentieth of a null request's time at QD16).
+        LATENCY_BOUNDS_NS
+            .iter()
+            .position(|&b| ns <= b)
+            .unwrap_or(LATENCY_BOUNDS_NS.len())
     }
 
     /// Counts one request that took `ns`.
