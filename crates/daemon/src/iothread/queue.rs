@@ -677,7 +677,7 @@ impl QueueSlot {
     pub(super) fn finish(
         &mut self,
         done: &Done<'_>,
-        result: &Result<u64, ExecuteError>,
+        result: Result<&u64, &ExecuteError>,
         stats: &IoThreadStats,
         warn: &mut WarnLimiter,
         now: u64,

@@ -239,7 +239,13 @@ impl Queues {
                 .get_mut(done.ticket.slot.0)
                 .and_then(Option::as_mut)
             {
-                Some(q) => q.finish(&done, &f.result, &self.stats, &mut self.warn, now),
+                Some(q) => q.finish(
+                    &done,
+                    f.result.as_ref().map_err(|e| &**e),
+                    &self.stats,
+                    &mut self.warn,
+                    now,
+                ),
                 None => error!(
                     "completion for a released queue slot {:?}",
                     done.ticket.slot
