@@ -599,14 +599,15 @@ impl QueueSlot {
             };
             let mut popped_one = false;
             while budget > 0 {
+                // Nothing more known to be available: no hand-back (below).
+                let next = self.queue.next_avail();
+                if next == last {
+                    break;
+                }
                 if popped_one && !batch && exec.has_completions() {
                     // Hand back what is done now; Queues::process pops on
                     // (see CALL_EVERY).
                     return Popped::HandBack;
-                }
-                let next = self.queue.next_avail();
-                if next == last {
-                    break;
                 }
                 let head = match self.avail_head(mem, next) {
                     Ok(head) => head,
@@ -658,6 +659,18 @@ impl QueueSlot {
                 return Popped::More;
             }
             if !rearm {
+                // One more look at the avail index before the pass ends: a
+                // driver with other requests out may have made more
+                // available meanwhile, and this pass pops them. One that
+                // waits for what was just popped has not, and the end of
+                // the pass publishes and calls at once. A hand-back instead
+                // would publish, pop again only to find nothing, and the
+                // call would wait for that round: at QD1 the answer came
+                // that much later, and a blocking driver sleeps whenever
+                // the answer is later than its last look before sleeping.
+                if popped_one && self.has_avail(mem) {
+                    continue;
+                }
                 return Popped::Drained;
             }
             match self.arm(mem) {
