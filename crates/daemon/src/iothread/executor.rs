@@ -63,6 +63,17 @@ pub(super) struct Finished {
     pub result: Result<u64, Box<ExecuteError>>,
 }
 
+impl Finished {
+    /// Request `token` finished with `result` (its error boxed, see
+    /// [`Finished::result`]).
+    fn new(token: usize, result: Result<u64, ExecuteError>) -> Finished {
+        Finished {
+            token,
+            result: result.map_err(Box::new),
+        }
+    }
+}
+
 /// What the queue layer needs of a finished request to publish it.
 pub(super) struct Done<'a> {
     /// Which request.
@@ -350,10 +361,7 @@ impl Executor {
             data: written,
             io: None,
         });
-        self.ready.push(Finished {
-            token,
-            result: result.map_err(Box::new),
-        });
+        self.ready.push(Finished::new(token, result));
     }
 
     /// A free token of the table, holding `inflight`.
@@ -593,10 +601,7 @@ impl Executor {
         if result.is_ok() && mem.broken() {
             result = Err(ExecuteError::GuestMemory);
         }
-        out.push(Finished {
-            token,
-            result: result.map_err(Box::new),
-        });
+        out.push(Finished::new(token, result));
     }
 
     /// What the queue layer needs to publish `f`, from its entry in the

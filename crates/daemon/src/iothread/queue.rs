@@ -575,9 +575,9 @@ impl QueueSlot {
                 return Popped::Drained;
             }
             // The avail index is read again only once every request up to
-            // the one last read is popped (`avail_seen`); a known index
-            // passed the check below when it was read, and next_avail has
-            // only moved towards it since.
+            // the one last read is popped (`avail_seen`: read here, or by
+            // the look at the end of a pass below); a known index is
+            // checked below all the same.
             let known = self.avail_seen;
             let last = match self.avail_idx_after(mem, known) {
                 Ok(idx) if idx.wrapping_sub(self.queue.next_avail()) <= size => {
@@ -668,8 +668,15 @@ impl QueueSlot {
                 // call would wait for that round: at QD1 the answer came
                 // that much later, and a blocking driver sleeps whenever
                 // the answer is later than its last look before sleeping.
-                if popped_one && self.has_avail(mem) {
-                    continue;
+                // What it finds is the loop's next index (checked there,
+                // not read again).
+                if popped_one {
+                    if let Ok(idx) = self.avail_idx(mem) {
+                        if idx != self.queue.next_avail() {
+                            self.avail_seen = idx;
+                            continue;
+                        }
+                    }
                 }
                 return Popped::Drained;
             }

@@ -1,9 +1,8 @@
 //! The queue slots of one IOThread ([`Queues`]) and what one pass of the
 //! event loop does with a queue: pop within a budget, hand back what is
 //! already finished after every pop with another behind it, call the driver
-//! at most every
-//! [`CALL_EVERY`] pops, and at the end of the pass one notification check per
-//! queue that published something. A single queue's ring is the
+//! at most every [`CALL_EVERY`] pops, and at the end of the pass one
+//! notification check per queue that published something. A single queue's ring is the
 //! [`queue`](super::queue) layer's.
 
 use std::sync::Arc;
@@ -29,11 +28,12 @@ pub const POP_BUDGET: usize = 32;
 /// backend, device-model answers, errors; io_uring or RBD completions of
 /// earlier requests when they are waiting): it publishes the used entries at
 /// once, before it pops the next request. After the last one available the
-/// pass ends, and its end publishes and calls. A driver (libblkio's, a guest's) submits a request and looks at
-/// its used ring right after; finding it empty, it arms `used_event` and
-/// sleeps, and waking a sleeping driver costs far more than a publish (an
-/// interrupt, in a VM an exit and a wake-up of the vCPU). Publishing each
-/// completion before the next pop keeps an entry in front of it.
+/// pass ends, and its end publishes and calls. A driver (libblkio's, a
+/// guest's) submits a request and looks at its used ring right after;
+/// finding it empty, it arms `used_event` and sleeps, and waking a sleeping
+/// driver costs far more than a publish (an interrupt, in a VM an exit and a
+/// wake-up of the vCPU). Publishing each completion before the next pop
+/// keeps an entry in front of it.
 ///
 /// The call (an eventfd write, a system call of the IOThread's) is sent at
 /// most every `CALL_EVERY` pops, and at the end of the pass: a driver that
